@@ -1,0 +1,60 @@
+"""Kernels of the engine's forward pass, each as a plain-PyTorch reference and a Triton version.
+
+- ``reference.py``: the PyTorch versions; the CPU path and the oracle of the tests.
+- ``triton_attention.py``: paged KV-cache write and paged attention of a ragged mixed batch (prompt chunks and
+  decodes in one launch, GQA, flash-decoding split for small decode batches).
+- ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k.
+
+The functions below dispatch: Triton when the tensor is on a CUDA device and triton imports, else the
+reference. Triton is imported lazily, so this package imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from kernels import reference
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether triton imports here (it is a dev dependency, absent on some CPU installs)."""
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def _impl(module: str, x: torch.Tensor):
+    if x.is_cuda and triton_available():
+        return importlib.import_module(f"kernels.{module}")
+    return reference
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """See ``reference.write_kv``."""
+    _impl("triton_attention", k_cache).write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+    """See ``reference.paged_attention``."""
+    return _impl("triton_attention", q).paged_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                                        query_start_loc, scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``reference.rms_norm``."""
+    return _impl("triton_norm", x).rms_norm(x, weight, eps, residual)
+
+
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``reference.rotary_embedding``."""
+    return _impl("triton_rotary", q).rotary_embedding(q, k, positions, cos_sin_cache)

@@ -1,0 +1,302 @@
+"""Triton paged attention over a ragged mixed batch, and the paged KV-cache write.
+
+Same functions and contracts as ``kernels/reference.py``. ``paged_attention`` runs prompt chunks and decodes
+in one launch: each program takes one KV head and a tile of BLOCK_M rows made of BLOCK_Q query tokens times
+the GROUP query heads that share that KV head, so a decode of a GQA model still feeds the tensor cores, and
+a K/V tile read once serves the whole group. KV tiles of BLOCK_N tokens are gathered through the block
+table and folded in with an online softmax (flash attention), accumulating in fp32. When the batch is all
+decodes and too small to fill the GPU, the KV range is split over several programs (flash decoding) and a
+second kernel merges the partial results.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                     num_kv_heads, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // BLOCK_SIZE
+        off = slot % BLOCK_SIZE
+        h = tl.arange(0, BLOCK_H)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        mask = (h < num_kv_heads) & (d < HEAD_DIM)
+        k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
+        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+        tl.store(kc_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + d,
+                 k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d,
+                 v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
+    # Sequence b owns programs from qsl[b] // BLOCK_Q + b on: at least cdiv(q_len, BLOCK_Q) of them, with no
+    # host sync to count them. Binary search for the last b whose first program is <= pid.
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if first <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                      qk_scale, num_seqs, num_tokens, num_heads,
+                      stride_qt, stride_qh, stride_ot, stride_oh,
+                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, QLEN_FILTER: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    qb = pid - (q_start // BLOCK_Q + seq)
+    run = qb * BLOCK_Q < q_len
+    if QLEN_FILTER == 1:  # decodes only
+        run = run & (q_len == 1)
+    if QLEN_FILTER == 2:  # everything but decodes
+        run = run & (q_len != 1)
+    if run:
+        ctx = tl.load(ctx_ptr + seq)
+        offs_m = tl.arange(0, BLOCK_M)
+        tok = qb * BLOCK_Q + offs_m // GROUP
+        head = kvh * GROUP + offs_m % GROUP
+        row_ok = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+        q_pos = ctx - q_len + tok
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+        # Causal: this tile needs keys up to the position of its last query.
+        kv_end = ctx - q_len + tl.minimum(qb * BLOCK_Q + BLOCK_Q, q_len)
+        n_tiles = tl.cdiv(kv_end, BLOCK_N)
+        if NUM_SPLITS == 1:
+            t_lo = 0
+            t_hi = n_tiles
+        else:
+            per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+            t_lo = split * per_split
+            t_hi = tl.minimum(t_lo + per_split, n_tiles)
+
+        # A finite start keeps exp2(m_old - m_new) defined for rows that have seen only masked keys.
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        offs_n = tl.arange(0, BLOCK_N)
+        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+        for t in range(t_lo, t_hi):
+            n = t * BLOCK_N + offs_n
+            n_ok = n < kv_end
+            blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+            slot = n % BLOCK_SIZE
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(kc_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh
+                        + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(vc_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
+                        + offs_d[None, :], mask=kv_mask, other=0.0)
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            qk = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+
+        mask = row_ok[:, None] & d_ok[None, :]
+        if NUM_SPLITS == 1:
+            out = acc / l_i[:, None]
+            tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            row = (split * num_tokens + q_start + tok).to(tl.int64) * num_heads + head
+            tl.store(pacc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=mask)
+            tl.store(pm_ptr + row, m_i, mask=row_ok)
+            tl.store(pl_ptr + row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, num_tokens, num_heads, stride_ot, stride_oh,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < NUM_SPLITS
+    row = (s * num_tokens + t).to(tl.int64) * num_heads + h
+    m = tl.load(pm_ptr + row, mask=s_ok, other=-1.0e30)
+    l_s = tl.load(pl_ptr + row, mask=s_ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.load(pacc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=s_ok[:, None] & (d[None, :] < HEAD_DIM),
+                  other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Launch shape of ``_attention_kernel``; ``qlen_filter`` 0 = all sequences, 1 = decodes, 2 = the rest."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int = 1
+    qlen_filter: int = 0
+
+
+def _check_head_dim(head_dim: int) -> None:
+    if head_dim % 16 or not 16 <= head_dim <= 256:
+        raise ValueError(f"head_dim {head_dim} unsupported: need a multiple of 16 in [16, 256]")
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 1
+
+
+def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
+                   context_lens: torch.Tensor) -> AttentionConfig:
+    """Choose tile shapes from shapes alone (no host sync): decode-only batches (T == B) get small M tiles
+    and, when B * Hkv programs cannot fill the GPU, a KV split bounded by the block table's width."""
+    num_tokens, num_heads, _ = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    num_seqs = context_lens.shape[0]
+    if num_tokens > num_seqs:
+        return AttentionConfig(block_m=max(64, triton.next_power_of_2(group)), block_n=64, num_warps=4,
+                               num_stages=2)
+    block_n = 64
+    programs = num_seqs * num_kv_heads
+    sms = _sm_count(q.device)
+    splits = 1
+    if programs < sms:
+        max_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
+        splits = max(1, min(triton.cdiv(2 * sms, programs), max_tiles // 4, 16))
+    return AttentionConfig(block_m=max(16, triton.next_power_of_2(group)), block_n=block_n, num_warps=4,
+                           num_stages=3, num_splits=splits)
+
+
+def _validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"expected q [T, H, D] and caches [blocks, block_size, Hkv, D], got {tuple(q.shape)}, "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if q.shape[2] != k_cache.shape[3]:
+        raise ValueError(f"head_dim of q ({q.shape[2]}) and cache ({k_cache.shape[3]}) differ")
+    _check_head_dim(q.shape[2])
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"num_heads {q.shape[1]} is not a multiple of num_kv_heads {k_cache.shape[2]}")
+    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"unsupported dtypes q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype}: "
+                         "need one of float16, bfloat16, float32 for all three")
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("the KV cache's head_dim must be contiguous")
+
+
+def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                         scale: float, cfg: AttentionConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``paged_attention`` with an explicit launch config (for tests and tuning); writes into ``out`` if given.
+    With ``qlen_filter`` set, rows of the other kind are left untouched."""
+    _validate(q, k_cache, v_cache)
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    if cfg.block_m < group:
+        raise ValueError(f"block_m {cfg.block_m} smaller than the GQA group {group}")
+    if cfg.qlen_filter and cfg.num_splits > 1:  # the merge rewrites every row, also those filtered out
+        raise ValueError("qlen_filter and num_splits > 1 cannot be combined")
+    num_seqs = context_lens.shape[0]
+    out = torch.empty_like(q) if out is None else out
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    block_d = triton.next_power_of_2(head_dim)
+    block_q = cfg.block_m // group
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, cfg.num_splits)
+    if cfg.num_splits > 1:
+        pacc = torch.empty(cfg.num_splits, num_tokens, num_heads, block_d, device=q.device, dtype=torch.float32)
+        pm = torch.empty(cfg.num_splits, num_tokens, num_heads, device=q.device, dtype=torch.float32)
+        pl = torch.empty_like(pm)
+    else:
+        pacc = pm = pl = out  # unused
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _attention_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, context_lens, query_start_loc, pacc, pm, pl,
+        scale * _LOG2E, num_seqs, num_tokens, num_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
+        BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits, QLEN_FILTER=cfg.qlen_filter,
+        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            out, pacc, pm, pl, num_tokens, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=cfg.num_splits,
+            BLOCK_S=triton.next_power_of_2(cfg.num_splits), num_warps=4)
+    return out
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a ragged mixed batch over the paged cache; see ``reference.paged_attention``."""
+    _validate(q, k_cache, v_cache)
+    cfg = default_config(q, k_cache, block_tables, context_lens)
+    return paged_attention_with(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, cfg)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter new keys/values [T, Hkv, D] into the paged cache at ``slot_mapping`` (-1 skips a token)."""
+    if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:] or k_cache.shape != v_cache.shape:
+        raise ValueError(f"expected k, v [T, Hkv, D] matching caches [blocks, block_size, Hkv, D], got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    _check_head_dim(k.shape[2])
+    if k.stride(2) != 1:
+        k = k.contiguous()
+    if v.stride(2) != 1:
+        v = v.contiguous()
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("the KV cache's head_dim must be contiguous")
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _write_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4)
