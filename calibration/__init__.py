@@ -1,0 +1,9 @@
+"""Calibration: profile a GPU into cost curves, fit a cost model, ship the profiles.
+
+- ``profile.py``: the versioned profile file and ``load_profile`` (torch-free; what the simulator imports).
+- ``cost_model.py``: the piecewise-linear-plus-attention cost model and its least-squares fit.
+- ``fitting.py``: measured points -> profile (held-out split, errors, spread of pass times).
+- ``plans.py``: which passes a sweep measures, built into real ``BatchPlan``s by the real scheduler.
+- ``analytic.py``: a NON-measured roofline profile with stated assumptions (a stand-in until a GPU sweep).
+- ``profiles/``: the shipped profiles, ``<model>-<card>-<dtype>.json`` (measured) or ``<model>-analytic.json``.
+"""

@@ -1,0 +1,74 @@
+"""Measured points -> a ``Profile``: a seeded held-out split per sweep, the fit on the rest, the errors on both,
+and the spread of repeated pass times as the noise the simulator draws from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from calibration import cost_model
+from calibration.profile import Profile
+
+TARGET = "wall_s"
+MAX_NOISE_SAMPLES = 2001
+
+
+def split_points(points: Sequence[Mapping], heldout_frac: float = 0.2, seed: int = 0) -> list[str]:
+    """'train' or 'heldout' for each point: ``heldout_frac`` of each sweep kind, chosen at random."""
+    rng = np.random.default_rng(seed)
+    labels = ["train"] * len(points)
+    kinds: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        kinds.setdefault(p.get("sweep", "all"), []).append(i)
+    for idx in kinds.values():
+        k = int(round(heldout_frac * len(idx)))
+        for i in rng.choice(idx, size=k, replace=False):
+            labels[int(i)] = "heldout"
+    return labels
+
+
+def columns(points: Sequence[Mapping], names: Sequence[str]) -> dict[str, np.ndarray]:
+    return {n: np.array([float(p[n]) for p in points]) for n in names}
+
+
+def noise_ratios(points: Sequence[Mapping], key: str = "wall_repeats", target: str = TARGET) -> list[float]:
+    """Each repeat over its point's median, pooled and thinned to quantiles (tails kept)."""
+    ratios = [r / p[target] for p in points for r in (p.get(key) or []) if p[target] > 0]
+    if not ratios:
+        return []
+    ratios = np.sort(np.array(ratios))
+    if ratios.size > MAX_NOISE_SAMPLES:
+        ratios = np.quantile(ratios, np.linspace(0.0, 1.0, MAX_NOISE_SAMPLES))
+    return [round(float(r), 5) for r in ratios]
+
+
+def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num_kv_blocks: int,
+                  max_model_len: int, *, heldout_frac: float = 0.2, seed: int = 0,
+                  knots: Sequence[float] = cost_model.DEFAULT_KNOTS, target: str = TARGET) -> Profile:
+    """Fit on the training points, score on the held-out ones, and bundle everything into a ``Profile``."""
+    points = [dict(p) for p in points]
+    if len(points) < 10:
+        raise ValueError(f"only {len(points)} points: too few to fit and hold some out")
+    for p, label in zip(points, split_points(points, heldout_frac, seed)):
+        p["split"] = label
+    train = [p for p in points if p["split"] == "train"]
+    held = [p for p in points if p["split"] == "heldout"]
+    X_train = columns(train, cost_model.FEATURES)
+    y_train = np.array([p[target] for p in train])
+    model = cost_model.fit(X_train, y_train, knots)
+    fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed,
+           "train": cost_model.error_stats(cost_model.relative_errors(model, X_train, y_train))}
+    if held:
+        y_held = np.array([p[target] for p in held])
+        rel = cost_model.relative_errors(model, columns(held, cost_model.FEATURES), y_held)
+        fit["heldout"] = cost_model.error_stats(rel)
+        by_sweep = {}
+        for kind in sorted({p.get("sweep", "all") for p in held}):
+            mask = np.array([p.get("sweep", "all") == kind for p in held])
+            by_sweep[kind] = cost_model.error_stats(rel[mask])
+        fit["heldout_by_sweep"] = by_sweep
+    else:
+        fit["heldout"] = cost_model.error_stats(np.array([]))
+    return Profile(meta, block_size, num_kv_blocks, max_model_len, model, points=points,
+                   noise=noise_ratios(points, target=target), fit=fit)

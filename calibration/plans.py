@@ -1,0 +1,184 @@
+"""Which passes a profile measures, and how each becomes a real ``BatchPlan`` (torch-free).
+
+A ``PassSpec`` describes one pass: decodes (one token each, at a given context) and prompt chunks (new tokens
+on top of a cached prefix). ``build_plan`` turns it into requests in the running state, with KV blocks taken
+from a real ``BlockManager`` and ``num_computed_tokens`` set to fake the cached context (KV contents do not
+matter for timing), then lets the real ``SplitFuseScheduler`` schedule them, so the plan is exactly what the
+engine would run and the scheduling time is that of the engine's own policy code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.block_manager import BlockManager
+from engine.request import Request, RequestState
+from engine.sampling_params import SamplingParams
+from engine.scheduler import BatchPlan, SplitFuseScheduler
+
+PREFILL_MAX = 8192
+DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
+MIXED_BUDGETS = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One pass: decode contexts, and chunks as (cached prefix, new tokens, prompt tokens left afterwards)."""
+
+    sweep: str
+    decode_contexts: tuple[int, ...] = ()
+    chunks: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode_contexts) + sum(n for _, n, _ in self.chunks)
+
+    @property
+    def key(self) -> str:
+        """Stable identity, for resuming a sweep."""
+        digest = hashlib.sha1(repr((self.decode_contexts, self.chunks)).encode()).hexdigest()[:16]
+        return f"{self.sweep}-{self.num_tokens}-{digest}"
+
+    def blocks_needed(self, block_size: int) -> int:
+        blocks = sum(-(-(c + 1) // block_size) for c in self.decode_contexts)
+        return blocks + sum(-(-(s + n) // block_size) for s, n, _ in self.chunks)
+
+    def max_len(self) -> int:
+        lens = [c + 1 for c in self.decode_contexts] + [s + n + left for s, n, left in self.chunks]
+        return max(lens)
+
+
+def prefill_sizes(max_tokens: int = PREFILL_MAX, rng: np.random.Generator | None = None,
+                  extra: int = 32) -> list[int]:
+    """1..max_tokens: every size to 16, then steps of 16/32/128 (tile steps show), plus random sizes."""
+    sizes = set(range(1, 17)) | set(range(16, 513, 16)) | set(range(512, 2049, 32)) | set(range(2048, 8193, 128))
+    if rng is not None:
+        sizes |= {int(x) for x in rng.integers(1, max_tokens + 1, size=extra)}
+    return sorted(s for s in sizes if s <= max_tokens)
+
+
+def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
+                mixed_per_budget: int = 12, random_decodes: int = 40) -> list[PassSpec]:
+    """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly)."""
+    rng = np.random.default_rng(seed)
+    specs: list[PassSpec] = []
+    for t in prefill_sizes(rng=rng):  # (a) pure prefill; split into sequences the context can hold
+        per_seq = max_model_len - 1
+        chunks = []
+        while t > 0:
+            n = min(t, per_seq)
+            chunks.append((0, n, 0))
+            t -= n
+        specs.append(PassSpec("prefill", chunks=tuple(chunks)))
+    top = max_model_len - 1
+    grid = [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS]  # (b) pure decode
+    grid += [(int(rng.integers(1, 513)), int(rng.integers(128, 8193))) for _ in range(random_decodes)]
+    for b, c in grid:
+        specs.append(PassSpec("decode", decode_contexts=(min(c, top - 1),) * b))
+    kv_tokens = int(0.85 * num_kv_blocks) * block_size
+    for budget in MIXED_BUDGETS:  # (c) SplitFuse: decodes fill part of the budget, chunks the rest
+        for _ in range(mixed_per_budget):
+            specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size))
+    specs = list(dict.fromkeys(specs))  # capped contexts can repeat a pass
+    fits = [s for s in specs if s.max_len() <= max_model_len and s.blocks_needed(block_size) <= num_kv_blocks]
+    order = rng.permutation(len(fits))
+    return [fits[i] for i in order]
+
+
+def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int) -> PassSpec:
+    """Decodes at random contexts (as many as the KV cache holds) plus 1-3 chunks on cached prefixes."""
+    wanted = int(rng.integers(0, int(0.9 * budget)))
+    left = budget - wanted
+    num_chunks = min(int(rng.integers(1, 4)), left)
+    cuts = np.sort(rng.choice(np.arange(1, left), size=num_chunks - 1, replace=False)) if num_chunks > 1 else []
+    chunks = []
+    sizes = np.diff(np.concatenate([[0], cuts, [left]])).astype(int).tolist()
+    for i, n in enumerate(sizes):
+        prefix = min(int(rng.integers(0, max(1, top - n))), int(rng.integers(0, 4097)))
+        # only the last chunk of a SplitFuse pass can stop short of its prompt's end
+        partial = i == len(sizes) - 1 and rng.random() < 0.7
+        remaining = int(rng.integers(0, max(1, top - prefix - n))) if partial else 0
+        chunks.append((prefix, n, remaining))
+    allowance = kv_tokens - sum(p + n + block_size for p, n, _ in chunks)
+    contexts = []
+    for c in rng.integers(128, min(4096, top - 1) + 1, size=wanted).tolist():
+        allowance -= c + 1 + block_size
+        if allowance < 0:
+            break
+        contexts.append(c)
+    if len(contexts) < wanted:  # the cache holds fewer decodes: the budget goes to a fresh prompt instead
+        chunks.insert(0, (0, wanted - len(contexts), 0))
+    return PassSpec("mixed", decode_contexts=tuple(contexts), chunks=tuple(chunks))
+
+
+def build_plan(spec: PassSpec, block_manager: BlockManager, rng: np.random.Generator, vocab_size: int,
+               max_model_len: int, sampling_params: SamplingParams | None = None
+               ) -> tuple[SplitFuseScheduler, BatchPlan, float]:
+    """(scheduler, plan, seconds the scheduler took) for ``spec``; the caller runs it, then ``release``."""
+    bm = block_manager
+    sched = SplitFuseScheduler(bm, token_budget=spec.num_tokens, max_num_seqs=len(spec.decode_contexts)
+                               + len(spec.chunks) + 1, max_model_len=max_model_len)
+    params = sampling_params or SamplingParams(max_tokens=max_model_len)
+    running = []
+    for i, ctx in enumerate(spec.decode_contexts):
+        r = _request(i, ctx, params, rng, vocab_size, max_model_len)
+        _cache(bm, r, ctx)
+        r.output_token_ids.append(int(rng.integers(0, vocab_size)))
+        r.num_output_tokens = 1
+        running.append(r)
+    for j, (prefix, n, left) in enumerate(spec.chunks):
+        r = _request(len(running) + j, prefix + n + left, params, rng, vocab_size, max_model_len)
+        _cache(bm, r, prefix)
+        running.append(r)
+    sched.running = running
+    t0 = time.perf_counter()
+    plan = sched.schedule()
+    seconds = time.perf_counter() - t0
+    if plan is None or plan.num_decodes != len(spec.decode_contexts) or plan.num_tokens != spec.num_tokens \
+            or plan.preempted:
+        release(sched)
+        raise RuntimeError(f"the scheduler did not reproduce pass {spec.key} (KV capacity too small?)")
+    return sched, plan, seconds
+
+
+def release(sched: SplitFuseScheduler) -> None:
+    """Free every block the pass's requests hold."""
+    for r in sched.running:
+        sched.block_manager.free(r)
+    sched.running = []
+
+
+def _request(i: int, prompt_len: int, params: SamplingParams, rng: np.random.Generator, vocab_size: int,
+             max_model_len: int) -> Request:
+    ids = rng.integers(0, vocab_size, size=prompt_len).tolist()
+    r = Request(f"p{i}", ids, params, arrival_time=float(i), max_model_len=max_model_len)
+    r.state = RequestState.RUNNING
+    r.scheduled_time = 0.0
+    return r
+
+
+def _cache(bm: BlockManager, r: Request, num_tokens: int) -> None:
+    """Pretend the first ``num_tokens`` are computed: hold their blocks and mark them computed."""
+    if num_tokens and not bm.allocate(r, num_tokens):
+        raise RuntimeError("not enough KV blocks for the pass")
+    r.num_computed_tokens = num_tokens
+
+
+def spec_features(spec: PassSpec) -> dict[str, int]:
+    """``BatchPlan.features()`` of the plan ``build_plan`` makes from ``spec``, without building it."""
+    d = len(spec.decode_contexts)
+    prefill = sum(n for _, n, _ in spec.chunks)
+    return {
+        "num_tokens": d + prefill,
+        "prefill_tokens": prefill,
+        "decode_tokens": d,
+        "num_seqs": d + len(spec.chunks),
+        "prefill_seqs": len(spec.chunks),
+        "decode_context": sum(spec.decode_contexts) + d,
+        "prefill_attention": sum(n * (s + n) for s, n, _ in spec.chunks),
+    }

@@ -1,0 +1,172 @@
+"""A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
+fitted cost model, the spread of pass times and the KV capacity the engine gets on that card.
+
+Torch-free and cheap to import: the simulator loads profiles and calls ``predict_plan`` millions of times.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from calibration.cost_model import FEATURES, CostModel
+
+FORMAT = "splitfuse-profile"
+VERSION = 1
+PROFILES_DIR = Path(__file__).parent / "profiles"
+META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
+
+
+class Profile:
+    """Fitted cost model plus what the simulator must copy from the engine (block size, KV blocks, context)."""
+
+    def __init__(self, meta: Mapping, block_size: int, num_kv_blocks: int, max_model_len: int, model: CostModel,
+                 *, points: list[dict] | None = None, noise: list[float] | None = None,
+                 fit: Mapping | None = None) -> None:
+        self.meta = dict(meta)
+        self.block_size = int(block_size)
+        self.num_kv_blocks = int(num_kv_blocks)
+        self.max_model_len = int(max_model_len)
+        self.model = model
+        self.points = points or []
+        self.noise = sorted(float(x) for x in (noise or []))
+        self.fit = dict(fit or {})
+        self._predict_values = model.predict_values
+        self._n_noise = len(self.noise)
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (f"Profile({m.get('model')!r}, card={m.get('card')!r}, {m.get('dtype')}, kind={m.get('kind')!r}, "
+                f"{self.num_kv_blocks} KV blocks of {self.block_size})")
+
+    # -- prediction (hot path) ---------------------------------------------------------------------------
+    def predict_plan(self, plan) -> float:
+        """Median seconds of one engine step running ``plan`` (a ``BatchPlan``)."""
+        d = plan.num_decodes
+        starts, new = plan.start_positions, plan.num_new_tokens
+        decode_context = sum(starts[:d]) + d if d else 0
+        prefill_attention = 0
+        for i in range(d, len(new)):
+            n = new[i]
+            prefill_attention += n * (starts[i] + n)
+        p = plan.num_prefill_tokens
+        return self._predict_values(d + p, decode_context, prefill_attention, len(new), len(new) - d, p)
+
+    def predict(self, features: Mapping[str, float]) -> float:
+        """The same from ``BatchPlan.features()``."""
+        return self.model.predict(features)
+
+    def sample_factor(self, rng) -> float:
+        """Multiplicative noise on a predicted median, drawn from the measured spread of pass times."""
+        n = self._n_noise
+        if not n:
+            return 1.0
+        return self.noise[int(rng.random() * n)]
+
+    # -- persistence -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        columns = sorted({k for p in self.points for k in p})
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "meta": self.meta,
+            "block_size": self.block_size,
+            "num_kv_blocks": self.num_kv_blocks,
+            "max_model_len": self.max_model_len,
+            "cost_model": self.model.to_dict(),
+            "fit": self.fit,
+            "noise": self.noise,
+            "points": {"columns": columns, "rows": [[p.get(c) for c in columns] for p in self.points]},
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, d, source: str = "profile") -> Profile:
+        def bad(problem: str) -> ValueError:
+            return ValueError(f"{source}: not a valid {FORMAT} file: {problem}")
+
+        if not isinstance(d, dict):
+            raise bad(f"expected a JSON object at the top, got {type(d).__name__}")
+        if d.get("format") != FORMAT:
+            raise bad(f"'format' is {d.get('format')!r}, expected {FORMAT!r}")
+        if d.get("version") != VERSION:
+            raise ValueError(f"{source}: profile version {d.get('version')!r} is not supported; this code reads "
+                             f"version {VERSION} (re-run `splitfuse profile` or refit the points)")
+        for key in ("meta", "block_size", "num_kv_blocks", "max_model_len", "cost_model"):
+            if key not in d:
+                raise bad(f"missing key {key!r}")
+        meta = d["meta"]
+        if not isinstance(meta, dict):
+            raise bad("'meta' must be an object")
+        missing = [k for k in META_KEYS if k not in meta]
+        if missing:
+            raise bad(f"'meta' lacks {', '.join(missing)}")
+        for key in ("block_size", "num_kv_blocks", "max_model_len"):
+            v = d[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise bad(f"{key!r} must be a positive integer, got {v!r}")
+        try:
+            model = CostModel.from_dict(d["cost_model"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise bad(f"'cost_model': {e}") from None
+        noise = d.get("noise", [])
+        if not isinstance(noise, list) or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+                                                  for x in noise):
+            raise bad("'noise' must be a list of positive numbers")
+        points = _points_from(d.get("points", {"columns": [], "rows": []}), bad)
+        return cls(meta, d["block_size"], d["num_kv_blocks"], d["max_model_len"], model, points=points,
+                   noise=noise, fit=d.get("fit") or {})
+
+
+def _points_from(p, bad) -> list[dict]:
+    if not isinstance(p, dict) or not isinstance(p.get("columns"), list) or not isinstance(p.get("rows"), list):
+        raise bad("'points' must be an object with 'columns' and 'rows' lists")
+    columns = p["columns"]
+    if p["rows"]:
+        absent = [f for f in FEATURES if f not in columns]
+        if absent:
+            raise bad(f"'points' lacks the feature columns {', '.join(absent)}")
+    for i, row in enumerate(p["rows"]):
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise bad(f"points row {i} has {len(row) if isinstance(row, list) else '?'} values for "
+                      f"{len(columns)} columns")
+    return [dict(zip(columns, row)) for row in p["rows"]]
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles shipped in ``calibration/profiles``."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A file path as given, else the shipped profile for a name: ``<name>.json`` exactly, else the measured
+    ``<name>*.json`` before analytic ones (then alphabetical)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    name = str(name_or_path)
+    exact = PROFILES_DIR / f"{name}.json"
+    if exact.is_file():
+        return exact
+    matches = sorted(PROFILES_DIR.glob(f"{name}*.json")) if "/" not in name else []
+    if not matches:
+        raise ValueError(f"unknown profile {name!r}: no such file and not a shipped profile; shipped: "
+                         f"{', '.join(shipped_profiles()) or '(none)'}")
+    return min(matches, key=lambda p: ("analytic" in p.stem, p.stem))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a profile from a path or a shipped name (see ``resolve``); ValueError on anything malformed."""
+    path = resolve(name_or_path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return Profile.from_dict(data, source=str(path))
