@@ -1,0 +1,339 @@
+"""Replica router (FastGen's ``replica_num``): N engine processes behind one OpenAI-compatible endpoint.
+
+The router picks a replica with ``engine.load_balancer`` (the very policies the simulator's cluster uses),
+checks each replica's ``/health`` and process, and takes a dead one out of rotation. A request that fails before
+the client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica;
+a stream that breaks after tokens were sent ends with an SSE error event saying so, never silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from engine.load_balancer import ReplicaLoad, make_balancer
+from engine.server.metrics import CONTENT_TYPE
+from engine.server.protocol import APIError
+
+RETRY_STATUSES = (429, 503)
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    process: subprocess.Popen | None = None
+    healthy: bool = False
+    dead: bool = False  # its process exited: out of rotation for good
+    outstanding_requests: int = 0
+    outstanding_tokens: int = 0
+    kv_usage: float = 0.0
+    failures: int = 0
+
+    def load(self) -> ReplicaLoad:
+        return ReplicaLoad(self.outstanding_requests, self.outstanding_tokens, self.kv_usage)
+
+    def info(self) -> dict:
+        return {"index": self.index, "url": self.url, "pid": self.process.pid if self.process else None,
+                "healthy": self.healthy, "dead": self.dead, "outstanding_requests": self.outstanding_requests,
+                "outstanding_tokens": self.outstanding_tokens, "kv_usage": self.kv_usage}
+
+
+def estimate_tokens(raw: bytes) -> tuple[bool, int]:
+    """(stream?, prompt + requested output tokens) of a request body, roughly (4 characters a token)."""
+    try:
+        body = json.loads(raw)
+        prompt = body.get("prompt", body.get("messages", ""))
+        n = len(prompt) if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) \
+            else len(json.dumps(prompt)) // 4
+        return bool(body.get("stream")), n + int(body.get("max_tokens") or 16)
+    except Exception:  # the replica answers the 400; here only the routing estimate is at stake
+        return False, 0
+
+
+class Router:
+    def __init__(self, replicas: list[Replica], balancer: str = "least-requests", seed: int = 0,
+                 health_interval: float = 1.0) -> None:
+        self.replicas = replicas
+        self.balancer = make_balancer(balancer, seed)
+        self.health_interval = health_interval
+        self.retries = 0
+        self.broken_streams = 0
+        self.client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=256))
+
+    async def stop(self) -> None:
+        await self.client.aclose()
+
+    # -- rotation --------------------------------------------------------------------------------------------
+    def pick(self, exclude: set[int]) -> Replica | None:
+        candidates = [r for r in self.replicas if r.healthy and r.index not in exclude]
+        if not candidates:
+            return None
+        return candidates[self.balancer.choose([r.load() for r in candidates])]
+
+    def suspect(self, replica: Replica) -> None:
+        """Out of rotation until a health check passes (or for good if its process has exited)."""
+        replica.healthy = False
+        if replica.process is not None and replica.process.poll() is not None:
+            replica.dead = True
+
+    async def check(self, replica: Replica) -> None:
+        if replica.dead or (replica.process is not None and replica.process.poll() is not None):
+            replica.healthy, replica.dead = False, True
+            return
+        try:
+            r = await self.client.get(replica.url + "/health", timeout=max(2.0, self.health_interval))
+            ok = r.status_code == 200
+            if ok:
+                replica.kv_usage = float(r.json().get("kv_usage", 0.0))
+        except (httpx.HTTPError, ValueError):
+            ok = False
+        replica.failures = 0 if ok else replica.failures + 1
+        replica.healthy = ok
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self.check(r) for r in self.replicas))
+            await asyncio.sleep(self.health_interval)
+
+    # -- proxying --------------------------------------------------------------------------------------------
+    async def proxy(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        stream, tokens = estimate_tokens(raw)
+        headers = {"content-type": request.headers.get("content-type", "application/json")}
+        tried: set[int] = set()
+        last = "no replica is healthy"
+        while (replica := self.pick(tried)) is not None:
+            tried.add(replica.index)
+            replica.outstanding_requests += 1
+            replica.outstanding_tokens += tokens
+
+            def release(replica=replica) -> None:
+                replica.outstanding_requests -= 1
+                replica.outstanding_tokens -= tokens
+
+            try:
+                resp = await self.client.send(
+                    self.client.build_request("POST", replica.url + path, content=raw, headers=headers), stream=True)
+            except httpx.TransportError as e:
+                release()
+                self.suspect(replica)
+                last, self.retries = f"replica {replica.index} unreachable: {e!r}", self.retries + 1
+                continue
+            streaming = stream and resp.status_code == 200
+            try:
+                if streaming:
+                    chunks = resp.aiter_raw()
+                    first = await chunks.__anext__()  # nothing reached the client yet: still retryable
+                else:
+                    content = await resp.aread()
+            except (httpx.TransportError, StopAsyncIteration) as e:
+                await resp.aclose()
+                release()
+                self.suspect(replica)
+                last, self.retries = f"replica {replica.index} failed before answering: {e!r}", self.retries + 1
+                continue
+            except BaseException:
+                await resp.aclose()
+                release()
+                raise
+            if not streaming:
+                await resp.aclose()
+                release()
+                if resp.status_code in RETRY_STATUSES and len(tried) < len(self.replicas):
+                    last, self.retries = f"replica {replica.index} answered {resp.status_code}", self.retries + 1
+                    continue
+                return Response(content, status_code=resp.status_code, media_type=resp.headers.get("content-type"))
+            relay = self._relay(replica, resp, first, chunks, release)
+            return StreamingResponse(relay, media_type="text/event-stream")
+        err = APIError(f"no replica could serve the request (tried {len(tried)}): {last}", status=503,
+                       type="server_error")
+        return JSONResponse(err.body(), status_code=503)
+
+    async def _relay(self, replica: Replica, resp: httpx.Response, first: bytes, chunks, release):
+        try:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+        except httpx.TransportError as e:
+            self.suspect(replica)
+            self.broken_streams += 1
+            err = APIError(f"replica {replica.index} failed mid-stream after tokens were sent ({e!r}); the "
+                           f"request was not completed and cannot be retried transparently", status=502,
+                           type="server_error")
+            yield f"data: {json.dumps(err.body())}\n\n".encode()
+        finally:
+            release()
+            await resp.aclose()
+
+    def render_metrics(self) -> str:
+        lines = []
+        for name, help, get in (
+                ("healthy", "1 when the replica is in rotation.", lambda r: int(r.healthy)),
+                ("outstanding_requests", "Requests sent and not finished.", lambda r: r.outstanding_requests),
+                ("outstanding_tokens", "Prompt + requested tokens outstanding.", lambda r: r.outstanding_tokens),
+                ("kv_usage", "KV use at the last health check.", lambda r: r.kv_usage)):
+            lines += [f"# HELP splitfuse_router_replica_{name} {help}", f"# TYPE splitfuse_router_replica_{name} gauge"]
+            lines += [f'splitfuse_router_replica_{name}{{replica="{r.index}"}} {get(r)}' for r in self.replicas]
+        lines += ["# HELP splitfuse_router_retries_total Requests retried on another replica.",
+                  "# TYPE splitfuse_router_retries_total counter", f"splitfuse_router_retries_total {self.retries}",
+                  "# HELP splitfuse_router_broken_streams_total Streams cut by a replica failure mid-stream.",
+                  "# TYPE splitfuse_router_broken_streams_total counter",
+                  f"splitfuse_router_broken_streams_total {self.broken_streams}"]
+        return "\n".join(lines) + "\n"
+
+
+def create_router_app(router: Router) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await router.start()
+        await asyncio.gather(*(router.check(r) for r in router.replicas))
+        task = asyncio.create_task(router.health_loop())
+        yield
+        task.cancel()
+        await router.stop()
+
+    app = FastAPI(title="splitfuse router", lifespan=lifespan)
+    app.state.router = router
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await router.proxy(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await router.proxy(request, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models():
+        for replica in router.replicas:
+            if replica.healthy:
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await router.client.get(replica.url + "/v1/models")
+                    return Response(r.content, status_code=r.status_code, media_type="application/json")
+        return JSONResponse(APIError("no replica is healthy", status=503, type="server_error").body(), 503)
+
+    @app.get("/health")
+    async def health():
+        ok = any(r.healthy for r in router.replicas)
+        return JSONResponse({"status": "ok" if ok else "error", "replicas": [r.info() for r in router.replicas]},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(router.render_metrics(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+# -- replica processes -------------------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Linux: the replica gets SIGTERM when the router process dies, even by SIGKILL."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def replica_slots(device: str, replicas: int) -> list[dict]:
+    """Per-replica environment: one GPU each when the engine runs on GPUs, else a CPU slot."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device != "cpu":
+        if visible is not None:
+            gpus = [g for g in visible.split(",") if g.strip()]
+        else:
+            try:
+                out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+                gpus = [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU")]
+            except (OSError, subprocess.SubprocessError):
+                gpus = []
+        if gpus:
+            if len(gpus) < replicas:
+                raise ValueError(f"--replicas {replicas} needs one GPU each but {len(gpus)} are visible")
+            return [{"CUDA_VISIBLE_DEVICES": gpus[i]} for i in range(replicas)]
+    return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(replicas)]
+
+
+def start_replicas(model: str, name: str, replicas: int, threads: int | None, log_level: str, max_waiting: int,
+                   opts: dict) -> list[Replica]:
+    threads = threads or max(1, (os.cpu_count() or 1) // replicas)
+    flags = []
+    for key, value in opts.items():
+        if key == "no_prefix_caching":
+            flags += ["--no-prefix-caching"] if value else []
+        elif value is not None:
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+    out = []
+    for i, env in enumerate(replica_slots(opts.get("device", "auto"), replicas)):
+        port = free_port()
+        cmd = [sys.executable, "-m", "engine.server.cli", model, "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", name, "--max-waiting", str(max_waiting), "--threads", str(threads),
+               "--log-level", log_level, *flags]
+        process = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
+        out.append(Replica(i, f"http://127.0.0.1:{port}", process))
+    return out
+
+
+def wait_healthy(replicas: list[Replica], timeout: float) -> None:
+    """Block until every replica answers /health (raise if one exits or the time runs out)."""
+    deadline = time.monotonic() + timeout
+    pending = list(replicas)
+    while pending:
+        for r in list(pending):
+            if r.process.poll() is not None:
+                raise RuntimeError(f"replica {r.index} exited with code {r.process.returncode} while starting")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(r.url + "/health", timeout=1.0).status_code == 200:
+                    pending.remove(r)
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"replicas {[r.index for r in pending]} not healthy after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def stop_replicas(replicas: list[Replica]) -> None:
+    for r in replicas:
+        if r.process.poll() is None:
+            r.process.terminate()
+    for r in replicas:
+        try:
+            r.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            r.process.kill()
+            r.process.wait()
+
+
+def run_router(model: str, name: str, host: str, port: int, replicas: int, balancer: str, health_interval: float,
+               threads: int | None, log_level: str, max_waiting: int, opts: dict, startup_timeout: float = 600) -> None:
+    """Start the replica processes, serve the router until interrupted, then stop the replicas."""
+    import uvicorn
+
+    procs = start_replicas(model, name, replicas, threads, log_level, max_waiting, opts)
+    try:
+        wait_healthy(procs, startup_timeout)
+        router = Router(procs, balancer, seed=opts.get("seed", 0), health_interval=health_interval)
+        uvicorn.run(create_router_app(router), host=host, port=port, log_level=log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        stop_replicas(procs)
