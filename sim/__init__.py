@@ -1,0 +1,15 @@
+"""The cluster simulator: SimPy replicas that run the engine's own scheduler and block manager, advancing
+simulated time by a calibrated cost model of each ``BatchPlan``.
+
+- ``workload``: request lengths, Poisson/gamma/closed-loop arrivals, trace replay (CSV/JSONL).
+- ``costs``: loading a shipped profile (``calibration.profile``), plus constant/linear cost models for tests.
+- ``replica``: one replica as a SimPy process (schedule -> wait the plan's cost -> update).
+- ``cluster``: N replicas behind a load balancer (``engine.load_balancer``); ``simulate`` runs one replication.
+- ``request_log``, ``token_stats``: per-request aggregates and streaming inter-token statistics (FastGen's
+  EWM and cumulative SLA statistics, a log-spaced gap histogram), so memory stays bounded on long runs.
+- ``metrics``: percentiles, throughput, FastGen effective throughput, goodput, confidence intervals.
+- ``capacity``: replications over seeds, load sweeps and the capacity search.
+- ``report``: ``report.html`` with plotly figures; ``cli``: ``splitfuse simulate``.
+
+Importing ``sim`` never imports torch.
+"""

@@ -1,0 +1,200 @@
+"""A cluster: N replicas behind a load balancer, fed by a workload; ``simulate`` runs one replication."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from engine.load_balancer import ReplicaLoad, make_balancer
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from sim.replica import Replica
+from sim.request_log import RequestLog
+from sim.workload import RequestTable, Workload
+
+
+@dataclass
+class ClusterConfig:
+    """``cost`` is one cost model for every replica or a list with one per replica."""
+
+    cost: object
+    replicas: int = 1
+    scheduler: str = "splitfuse"
+    token_budget: int = 768
+    max_num_seqs: int = 256
+    balancer: str = "round-robin"
+    prefix_caching: bool = True
+    noise: bool = True
+
+    def costs(self) -> list:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.token_budget < 1:
+            raise ValueError(f"--token-budget must be >= 1, got {self.token_budget}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if isinstance(self.cost, (list, tuple)):
+            if len(self.cost) != self.replicas:
+                raise ValueError(f"{len(self.cost)} cost models for {self.replicas} replicas")
+            return list(self.cost)
+        return [self.cost] * self.replicas
+
+
+@dataclass
+class SimResult:
+    """Everything one replication produced; ``requests`` is a DataFrame (one row per request)."""
+
+    requests: object
+    replicas: object
+    kv: object
+    tokens_per_pass: np.ndarray  # [replica, tokens] -> passes
+    log: RequestLog
+    config: ClusterConfig
+    seed: int
+    meta: dict = field(default_factory=dict)
+
+
+class _Loads(Sequence):
+    """A lazy view of the replicas' loads: a balancer pays only for the replicas it looks at."""
+
+    __slots__ = ("replicas",)
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    def __getitem__(self, i: int) -> ReplicaLoad:
+        r = self.replicas[i]
+        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, r.block_manager.usage)
+
+
+def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
+    """Reject, before simulating, a request that no replica could ever hold (naming its row)."""
+    prompts, outputs = table.prompt_tokens, table.output_tokens
+    for i, cost in enumerate(costs):
+        limit = cost.max_model_len
+        total = prompts + outputs if limit is None else np.minimum(prompts + outputs, limit)
+        need = -(-total // cost.block_size)
+        bad = np.flatnonzero((need > cost.num_kv_blocks) | ((prompts >= limit) if limit else False))
+        if bad.size:
+            j = int(bad[0])
+            raise ValueError(f"request row {j} (prompt {int(prompts[j])}, output {int(outputs[j])} tokens) can never "
+                             f"run on replica {i}: its KV cache holds {cost.num_kv_blocks} blocks of "
+                             f"{cost.block_size} tokens, context limit {limit}")
+        if config.scheduler != "splitfuse":
+            longest = prompts + outputs - 1
+            j = int(np.argmax(longest))
+            if longest[j] > config.token_budget:
+                raise ValueError(f"--token-budget {config.token_budget} is too small for {config.scheduler}: "
+                                 f"request row {j} needs whole passes of up to {int(longest[j])} tokens")
+
+
+def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
+             cooldown: float = 0.0, progress: bool = False) -> SimResult:
+    """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
+    the statistics."""
+    costs = config.costs()
+    table = workload if isinstance(workload, RequestTable) else workload.generate(seed)
+    clients = workload.clients if isinstance(workload, Workload) and workload.arrivals == "closed" else 0
+    n = len(table)
+    if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
+        raise ValueError(f"--warmup ({warmup}) and --cooldown ({cooldown}) must be shares in [0, 1) summing below 1")
+    check_fits(table, costs, config)
+    env = simpy.Environment()
+    log = RequestLog(int(n * warmup), n - int(n * cooldown))
+    balancer = make_balancer(config.balancer, seed)
+    bar = _progress_bar(n) if progress else None
+    waiters: dict[int, simpy.Event] = {}
+
+    def on_finish(request: Request, replica: Replica) -> None:
+        log.record(request, replica.index)
+        if bar is not None and len(log) % 1024 == 0:
+            bar.update(1024)
+        if waiters:
+            event = waiters.pop(request.request_id, None)
+            if event is not None:
+                event.succeed()
+
+    replicas = [Replica(env, i, cost, config.scheduler, config.token_budget, config.max_num_seqs,
+                        config.prefix_caching, config.noise, seed, on_finish) for i, cost in enumerate(costs)]
+    loads = _Loads(replicas)
+    choose = balancer.choose
+    prompts = table.prompt_tokens.tolist()
+    outputs = table.output_tokens.tolist()
+    prefix_ids = table.prefix_ids.tolist() if table.prefix_ids is not None else None
+    prefix_lens = table.prefix_lens.tolist() if table.prefix_lens is not None else None
+
+    def send(i: int) -> Request:
+        request = Request(i, None, SamplingParams(max_tokens=outputs[i], ignore_eos=True), env.now,
+                          num_prompt_tokens=prompts[i],
+                          prefix_id=prefix_ids[i] if prefix_ids else None,
+                          prefix_len=prefix_lens[i] if prefix_lens else 0)
+        replicas[choose(loads)].submit(request)
+        return request
+
+    def open_loop():
+        now = 0.0
+        for i, t in enumerate(table.arrivals.tolist()):
+            if t > now:
+                yield env.timeout(t - now)
+                now = t
+            send(i)
+
+    next_id = [0]
+
+    def client():
+        while next_id[0] < n:
+            i = next_id[0]
+            next_id[0] += 1
+            done = waiters[i] = env.event()
+            send(i)
+            yield done
+
+    if clients:
+        for _ in range(clients):
+            env.process(client())
+    else:
+        env.process(open_loop())
+    env.run()
+    if bar is not None:
+        bar.update(len(log) - bar.n)
+        bar.close()
+    if len(log) != n:
+        raise RuntimeError(f"simulation ended with {n - len(log)} of {n} requests unfinished")
+    return _result(log, replicas, config, seed)
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="simulating", leave=False)
+
+
+def _result(log: RequestLog, replicas: list[Replica], config: ClusterConfig, seed: int) -> SimResult:
+    import pandas as pd
+
+    requests = log.to_frame()
+    span = float(requests["finish"].max() - requests["arrival"].min()) if len(requests) else 0.0
+    rows = []
+    for r in replicas:
+        rows.append({"replica": r.index, "requests": r.num_requests, "passes": r.num_passes,
+                     "busy_time": r.busy_time, "busy_share": r.busy_time / span if span else float("nan"),
+                     "preemptions": r.scheduler.num_preemptions,
+                     "mean_tokens_per_pass": (np.dot(np.arange(len(r.tokens_per_pass)), r.tokens_per_pass)
+                                              / max(r.num_passes, 1)),
+                     "mean_kv_usage": float(np.mean(r.kv_usage)) if r.kv_usage else 0.0,
+                     "peak_kv_usage": float(np.max(r.kv_usage)) if r.kv_usage else 0.0,
+                     "kv_blocks": r.block_manager.num_blocks})
+    kv = pd.DataFrame({"replica": np.repeat([r.index for r in replicas], [len(r.kv_times) for r in replicas]),
+                       "time": np.concatenate([r.kv_times for r in replicas]),
+                       "kv_usage": np.concatenate([r.kv_usage for r in replicas])})
+    width = max(len(r.tokens_per_pass) for r in replicas)
+    tokens = np.zeros((len(replicas), width), dtype=np.int64)
+    for r in replicas:
+        tokens[r.index, :len(r.tokens_per_pass)] = r.tokens_per_pass
+    return SimResult(requests, pd.DataFrame(rows), kv, tokens, log, config, seed)

@@ -1,0 +1,111 @@
+"""Summaries of a replication: latency percentiles, throughput, FastGen effective throughput and goodput.
+
+FastGen (DeepSpeed-MII's benchmark): a request meets the SLA when its first token comes within
+``prompt_tokens / 512`` s and the EWM (span 16) of its inter-token gaps stays below ``1 / rate`` (or, in the
+cumulative variant, token k comes within ``k / rate`` of the first). Throughput is requests / (last finish -
+first arrival); effective throughput = throughput x share meeting the SLA.
+Goodput (as ``vllm bench serve --goodput``): requests/s meeting every given TTFT/TPOT/e2e limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GENERATION_RATES = (1, 2, 3, 4, 6, 8)
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class SLA:
+    prompt_tokens_per_s: float = 512.0
+    generation_rate: float = 4.0  # tokens/s for the headline effective throughput
+    cumulative: bool = False
+    goodput: dict = field(default_factory=dict)  # {"ttft": s, "tpot": s, "e2e": s}
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens_per_s > 0 or not self.generation_rate > 0:
+            raise ValueError("--sla-prompt-rate and --sla-gen-rate must be > 0")
+        bad = [k for k in self.goodput if k not in ("ttft", "tpot", "e2e")]
+        if bad:
+            raise ValueError(f"--goodput: unknown metric {bad[0]!r}; use ttft, tpot or e2e (seconds)")
+
+
+def parse_goodput(text: str | None) -> dict:
+    """``"ttft:0.5,tpot:0.05"`` -> {"ttft": 0.5, "tpot": 0.05} (seconds)."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition(":")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput {text!r}: expected METRIC:SECONDS[,...], e.g. ttft:0.5,tpot:0.05") from None
+    SLA(goodput=out)
+    return out
+
+
+def meets_fastgen_sla(df, rate: float, sla: SLA) -> np.ndarray:
+    """Boolean per request of ``df`` (a requests frame): prompt SLA and generation SLA at ``rate``."""
+    prompt_ok = df["ttft"].to_numpy() <= df["prompt_tokens"].to_numpy() / sla.prompt_tokens_per_s
+    if sla.cumulative:
+        gen_ok = df["max_mean_gap"].to_numpy() <= 1.0 / rate
+    else:
+        gen_ok = df["max_ewm_gap"].to_numpy() < 1.0 / rate
+    return prompt_ok & gen_ok
+
+
+def summarize(result, sla: SLA | None = None) -> dict:
+    """One flat dict of the measured requests of a ``SimResult`` (warm-up/cool-down left out)."""
+    sla = sla or SLA()
+    df = result.requests
+    m = df[df["measured"]]
+    n = len(m)
+    span = float(m["finish"].max() - m["arrival"].min()) if n else float("nan")
+    throughput = n / span if n and span > 0 else float("nan")
+    out = {"seed": result.seed, "requests": n, "duration_s": span, "throughput_rps": throughput,
+           "token_throughput_tps": float(m["output_tokens"].sum()) / span if n else float("nan"),
+           "prompt_throughput_tps": float(m["prompt_tokens"].sum()) / span if n else float("nan")}
+    for metric in ("ttft", "tpot", "e2e", "queue_delay"):
+        values = m[metric].dropna().to_numpy()
+        out[f"{metric}_mean"] = float(values.mean()) if values.size else float("nan")
+        for q in PERCENTILES:
+            out[f"{metric}_p{q}"] = float(np.percentile(values, q)) if values.size else float("nan")
+    gaps = result.log.gaps
+    out["itl_mean"] = gaps.mean()
+    for q in PERCENTILES:
+        out[f"itl_p{q}"] = gaps.percentile(q)
+    for rate in sorted(set(GENERATION_RATES) | {sla.generation_rate}):
+        share = float(meets_fastgen_sla(m, rate, sla).mean()) if n else float("nan")
+        out[f"sla_share@{rate:g}"] = share
+        out[f"effective_throughput@{rate:g}"] = throughput * share
+    out["sla_share"] = out[f"sla_share@{sla.generation_rate:g}"]
+    out["effective_throughput_rps"] = out[f"effective_throughput@{sla.generation_rate:g}"]
+    if sla.goodput:
+        good = np.ones(n, dtype=bool)
+        for metric, limit in sla.goodput.items():
+            good &= ~(m[metric].to_numpy() > limit)  # a NaN TPOT (one output token) passes
+        out["goodput_rps"] = float(good.sum()) / span if n else float("nan")
+        out["goodput_share"] = float(good.mean()) if n else float("nan")
+    reps = result.replicas
+    out["preemptions"] = int(reps["preemptions"].sum())
+    out["mean_busy_share"] = float(reps["busy_share"].mean())
+    out["mean_tokens_per_pass"] = float((reps["mean_tokens_per_pass"] * reps["passes"]).sum()
+                                        / max(int(reps["passes"].sum()), 1))
+    return out
+
+
+def confidence_intervals(summaries, level: float = 0.95):
+    """Mean and Student-t interval of each numeric summary column over independent replications."""
+    import pandas as pd
+    from scipy import stats
+
+    df = pd.DataFrame(summaries).drop(columns=["seed"], errors="ignore")
+    df = df.select_dtypes("number")
+    k = len(df)
+    mean = df.mean()
+    sem = df.std(ddof=1) / np.sqrt(k) if k > 1 else df.mean() * np.nan
+    half = sem * (stats.t.ppf(0.5 + level / 2, k - 1) if k > 1 else np.nan)
+    return pd.DataFrame({"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "replications": k})

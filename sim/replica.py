@@ -1,0 +1,88 @@
+"""A simulated replica: the engine's own scheduler and block manager, driven by a SimPy clock.
+
+Per pass: ``plan = scheduler.schedule(now)``; wait the cost model's latency of that plan (times a noise factor
+drawn from the profile's measured spread); ``scheduler.update(plan, None, now)``. An idle replica waits for
+an arrival event.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from engine.block_manager import BlockManager
+from engine.request import Request
+from engine.scheduler import make_scheduler
+
+KV_SERIES_POINTS = 4096  # the KV-use series is thinned by 2 whenever it reaches twice this size
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, index: int, cost, scheduler: str = "splitfuse",
+                 token_budget: int = 768, max_num_seqs: int = 256, prefix_caching: bool = True,
+                 noise: bool = True, seed: int = 0, on_finish=None) -> None:
+        self.env = env
+        self.index = index
+        self.cost = cost
+        self.block_manager = BlockManager(cost.num_kv_blocks, cost.block_size, prefix_caching)
+        self.scheduler = make_scheduler(scheduler, self.block_manager, token_budget=token_budget,
+                                        max_num_seqs=max_num_seqs, max_model_len=cost.max_model_len)
+        self.noise = noise
+        self.rng = np.random.default_rng([seed, index, 0xC057])
+        self.on_finish = on_finish
+        self.outstanding_requests = 0
+        self.outstanding_tokens = 0
+        self.num_requests = 0
+        self.num_passes = 0
+        self.busy_time = 0.0
+        self.tokens_per_pass = [0] * (token_budget + 1)
+        self.kv_times: list[float] = []
+        self.kv_usage: list[float] = []
+        self._kv_stride = 1
+        self._idle: simpy.Event | None = None
+        self.process = env.process(self.run())
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request`` here now (ValueError if it can never fit this replica)."""
+        self.scheduler.add(request)
+        self.num_requests += 1
+        self.outstanding_requests += 1
+        self.outstanding_tokens += request.num_prompt_tokens + request.max_tokens
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def run(self):
+        env, sched, bm = self.env, self.scheduler, self.block_manager
+        schedule, update, predict = sched.schedule, sched.update, self.cost.predict_plan
+        sample_factor = self.cost.sample_factor if self.noise else None
+        rng, hist, on_finish = self.rng, self.tokens_per_pass, self.on_finish
+        kv_times, kv_usage = self.kv_times, self.kv_usage
+        while True:
+            if not (sched.waiting or sched.running):
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+                continue
+            plan = schedule(env.now)
+            if plan is None:
+                raise RuntimeError(f"replica {self.index}: {sched.num_unfinished} requests wait but none can be "
+                                   "scheduled (KV cache or max_num_seqs too small)")
+            latency = predict(plan)
+            if sample_factor is not None:
+                latency *= sample_factor(rng)
+            self.busy_time += latency
+            hist[plan.num_decodes + plan.num_prefill_tokens] += 1
+            yield env.timeout(latency)
+            finished = update(plan, None, env.now)
+            n = self.num_passes = self.num_passes + 1
+            if n % self._kv_stride == 0:
+                kv_times.append(env.now)
+                kv_usage.append(bm.usage)
+                if len(kv_times) >= 2 * KV_SERIES_POINTS:
+                    del kv_times[1::2], kv_usage[1::2]
+                    self._kv_stride *= 2
+            if finished:
+                for request in finished:
+                    self.outstanding_requests -= 1
+                    self.outstanding_tokens -= request.num_prompt_tokens + request.max_tokens
+                    on_finish(request, self)
