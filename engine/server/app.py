@@ -190,6 +190,10 @@ def create_app(engine, model_name: str, max_waiting: int = 1024) -> FastAPI:
     app = FastAPI(title="splitfuse", lifespan=lifespan)
     app.state.server = server
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        return _error(APIError(f"internal error: {e!r}", status=500, type="server_error"))
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await server.handle(request, CompletionRequest, chat=False)

@@ -146,6 +146,8 @@ def parse_body(raw: bytes, model_cls: type[_Body]) -> _Body:
             raise APIError(f"{param} is required", param=param) from None
         raise APIError(f"{param}: {err['msg']} (got {err.get('input')!r})", param=param) from None
     for name in model_cls.UNSUPPORTED:
+        if name not in model_cls.model_fields:
+            continue
         default = model_cls.model_fields[name].default
         if getattr(body, name) not in (default, None):
             raise APIError(f"{name}={getattr(body, name)!r} is not supported (only {default!r})", param=name)

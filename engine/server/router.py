@@ -329,6 +329,8 @@ def run_router(model: str, name: str, host: str, port: int, replicas: int, balan
     """Start the replica processes, serve the router until interrupted, then stop the replicas."""
     import uvicorn
 
+    # uvicorn re-raises SIGTERM after its shutdown; exiting by SystemExit lets ``finally`` stop the replicas
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     procs = start_replicas(model, name, replicas, threads, log_level, max_waiting, opts)
     try:
         wait_healthy(procs, startup_timeout)
