@@ -1,0 +1,78 @@
+"""``splitfuse bench`` against the real server (tiny model): open and closed loop, the simulator's table, and
+the metric columns checked on hand-made timings."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from engine.llm import LLMEngine
+from engine.server.app import create_app
+from engine.server.bench import Record, bench, to_result
+from engine.server.testing import serve_in_thread
+from sim.metrics import SLA, summarize
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def url():
+    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=512, seed=0)
+    with serve_in_thread(create_app(engine, MODEL)) as url:
+        yield url
+
+
+def test_metric_columns_from_known_timings():
+    # arrival 0, tokens at 1.0, 1.5, 2.0, 2.5 (4 tokens): ttft 1, e2e 2.5, tpot 0.5; the EWM of gaps is 0.5
+    records = [Record(0, 1024, 4, arrival=0.0, chunk_times=[1.0, 1.5, 2.0, 2.5], output_tokens=4),
+               Record(1, 10, 4, arrival=0.5, error="HTTP 503")]
+    result = to_result(records, seed=0)
+    row = result.requests.iloc[0]
+    assert len(result.requests) == 1
+    assert (row.ttft, row.e2e, row.tpot) == (1.0, 2.5, 0.5)
+    assert row.max_ewm_gap == pytest.approx(0.5)
+    s = summarize(result, SLA())
+    assert s["requests"] == 1 and s["throughput_rps"] == pytest.approx(1 / 2.5)
+    assert s["itl_p50"] == pytest.approx(0.5, rel=0.03)
+    # prompt SLA 1024/512 = 2 s holds; generation SLA holds at 1 token/s (gap 0.5 < 1) but not at 2 (0.5 !< 0.5)
+    assert s["sla_share@1"] == 1.0 and s["sla_share@2"] == 0.0
+
+
+@pytest.mark.parametrize("args", [["--arrivals", "poisson", "--rate", "40"],
+                                  ["--arrivals", "gamma", "--rate", "40", "--cv", "2"],
+                                  ["--arrivals", "closed", "--clients", "4"]])
+def test_bench_open_and_closed_loop(url, tmp_path, args):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(bench, ["--base-url", url, "-n", "16", "--prompt-len", "uniform:8:40",
+                                        "--output-len", "fixed:6", "--seed", "1", "--goodput", "ttft:30",
+                                        "--out", str(out), *args])
+    assert result.exit_code == 0, result.output
+    for key in ("throughput_rps", "ttft_p95", "tpot_p50", "itl_p99", "e2e_p99", "effective_throughput_rps",
+                "goodput_rps", "mean_tokens_per_pass"):
+        assert key in result.output
+    summary = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert summary["requests"] == 16 and summary["failed"] == 0
+    assert summary["token_throughput_tps"] == pytest.approx(summary["throughput_rps"] * 6)
+    assert summary["ttft_p50"] > 0 and summary["e2e_p50"] >= summary["ttft_p50"]
+    assert summary["goodput_rps"] == pytest.approx(summary["throughput_rps"])
+    assert summary["mean_tokens_per_pass"] >= 1
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) == 17 and all(int(r.split(",")[-1]) == 6 for r in rows[1:])
+
+
+def test_bench_bad_flags_and_unreachable_server(url):
+    r = CliRunner().invoke(bench, ["--base-url", url, "--arrivals", "poisson"])
+    assert r.exit_code != 0 and "--rate" in r.output
+    r = CliRunner().invoke(bench, ["--base-url", "http://127.0.0.1:9", "--rate", "1"])
+    assert r.exit_code != 0 and "cannot reach" in r.output
+
+
+def test_seeded_workload_is_reproducible():
+    from engine.server.bench import make_prompts
+
+    a = make_prompts(np.random.default_rng([3, 0xB0]), np.array([5, 7]), 320)
+    b = make_prompts(np.random.default_rng([3, 0xB0]), np.array([5, 7]), 320)
+    assert a == b and [len(p) for p in a] == [5, 7] and all(3 <= t < 320 for p in a for t in p)
