@@ -1,0 +1,253 @@
+"""The engine loop and the pipeline API.
+
+``LLMEngine`` is persistent (add requests any time, call ``step`` for one forward pass; the server drives it);
+``LLM`` is the non-persistent pipeline of DeepSpeed-FastGen's ``mii.pipeline``: ``generate`` runs a list of
+prompts to completion and returns one output per prompt, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.request import Request
+from engine.runner import ModelRunner, default_num_kv_blocks
+from engine.sampling_params import SamplingParams
+from engine.scheduler import make_scheduler
+from engine.weights import load_model
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock timestamps (``time.monotonic()`` seconds) of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step (``new_token_ids`` came in that step) or at the end of ``generate``.
+
+    ``text`` is decoded once the request finishes (when a tokenizer exists). ``finish_reason`` is "stop",
+    "length", "abort", or "error" with ``error`` saying what was wrong with the input.
+    """
+
+    request_id: str
+    prompt: Prompt | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    text: str | None = None
+    metrics: RequestMetrics | None = None
+    error: str | None = None
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class LLMEngine:
+    """Scheduler + model runner behind ``add_request`` / ``step`` / ``abort``."""
+
+    def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
+                 max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
+                 device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        torch.manual_seed(seed)
+        self.model, self.model_config, self.tokenizer = load_model(model, self.dtype, self.device, seed)
+        config = self.model_config
+        self.max_model_len = min(config.max_model_len, max_model_len or config.max_model_len)
+        if num_kv_blocks is None:
+            num_kv_blocks = default_num_kv_blocks(config, block_size, self.dtype, self.device, max_num_seqs,
+                                                  self.max_model_len, gpu_memory_utilization)
+        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.scheduler = make_scheduler(scheduler, self.block_manager, token_budget=token_budget,
+                                        max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
+        self.runner = ModelRunner(self.model, config, num_kv_blocks, block_size, self.device, self.dtype, seed)
+        self.eos_token_id = config.eos_token_id
+        self.extra_eos_token_ids = config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
+        self._requests: dict[str, tuple[Request, Prompt]] = {}
+        self._next_id = itertools.count()
+
+    # -- requests in -------------------------------------------------------------------------------------
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt; ValueError naming the problem for an empty, untokenizable or invalid one."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt is a string but the model has no tokenizer; pass token ids instead")
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return list(self.tokenizer(prompt)["input_ids"])
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        return list(prompt)
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | dict | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request; returns its id. Raises ValueError (clear message) for input that can never run."""
+        params = self._check_params(sampling_params)
+        token_ids = self.tokenize(prompt)
+        request_id = str(next(self._next_id)) if request_id is None else str(request_id)
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, token_ids, params,
+                          time.monotonic() if arrival_time is None else arrival_time,
+                          eos_token_id=self.eos_token_id, max_model_len=self.max_model_len)
+        self.scheduler.add(request)
+        self._requests[request_id] = (request, prompt)
+        return request_id
+
+    def _check_params(self, params: SamplingParams | dict | None) -> SamplingParams:
+        """A validated private copy (dataclasses.replace re-runs the checks, also after outside mutation)."""
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, dict):
+            params = SamplingParams(**params)
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams or a dict, got {type(params).__name__}")
+        else:
+            params = dataclasses.replace(params)
+        if self.extra_eos_token_ids and not params.ignore_eos:
+            params.stop_token_ids = params.stop_token_ids + [
+                t for t in self.extra_eos_token_ids if t not in params.stop_token_ids]
+        return params
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is; returns False if it is unknown or already finished."""
+        if self._requests.pop(str(request_id), None) is None:
+            return False
+        self.scheduler.abort(str(request_id))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one forward pass --------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule and run one pass; returns an output for every request that got a token or finished."""
+        plan = self.scheduler.schedule(time.monotonic())
+        if plan is None:
+            return []
+        sampled = self.runner.run(plan)
+        finished = self.scheduler.update(plan, sampled, time.monotonic())
+        outputs = []
+        for request, samples in zip(plan.requests, plan.samples):
+            entry = self._requests.get(request.request_id)
+            if samples and entry is not None and not request.is_finished:
+                outputs.append(self._output(request, entry[1]))
+        for request in finished:
+            entry = self._requests.pop(request.request_id, None)
+            if entry is not None:
+                outputs.append(self._output(request, entry[1]))
+        return outputs
+
+    def _output(self, request: Request, prompt: Prompt) -> RequestOutput:
+        """The request after a pass in which it sampled exactly one new token."""
+        finished = request.is_finished
+        text = None
+        if finished and self.tokenizer is not None:
+            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        metrics = RequestMetrics(request.arrival_time, request.scheduled_time, request.first_token_time,
+                                 request.finish_time, request.num_preemptions)
+        return RequestOutput(request.request_id, prompt, request.prompt_token_ids, list(request.output_token_ids),
+                             request.output_token_ids[-1:], finished, request.finish_reason, text, metrics)
+
+
+class LLM:
+    """Pipeline: ``LLM(model).generate(prompts, sampling_params)`` -> one ``RequestOutput`` per prompt, in order.
+
+    ``model`` is a preset name (random weights, see ``engine.presets``) or a local Hugging Face directory.
+    """
+
+    def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
+                 max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
+                 device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
+                 **engine_kwargs):
+        self.engine = LLMEngine(model, scheduler=scheduler, token_budget=token_budget, block_size=block_size,
+                                max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, dtype=dtype,
+                                device=device, seed=seed, enable_prefix_caching=enable_prefix_caching,
+                                **engine_kwargs)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | dict | list[SamplingParams | dict] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion. A prompt that cannot run (empty, too long, invalid sampling values)
+        gets an output with ``finish_reason="error"`` and the reason in ``error``; the others are unaffected."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+            params = sampling_params
+        else:
+            params = [sampling_params] * len(prompts)
+
+        outputs: list[RequestOutput | None] = [None] * len(prompts)
+        index_of: dict[str, int] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                index_of[self.engine.add_request(prompt, p)] = i
+            except (ValueError, TypeError) as e:
+                outputs[i] = RequestOutput(request_id=f"rejected-{i}", prompt=prompt, prompt_token_ids=[],
+                                           token_ids=[], finished=True, finish_reason="error", error=str(e))
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+            progress = tqdm(total=len(index_of), desc="generate")
+        while index_of and self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished and out.request_id in index_of:
+                    outputs[index_of.pop(out.request_id)] = out
+                    if progress is not None:
+                        progress.update(1)
+        if progress is not None:
+            progress.close()
+        return outputs
