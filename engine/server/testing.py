@@ -1,4 +1,5 @@
-"""Run an ASGI app with uvicorn in a background thread (tests, notebooks): ``with serve_in_thread(app) as url``."""
+"""Helpers for tests and notebooks: run an ASGI app in a background thread (``with serve_in_thread(app) as url``)
+and a byte-level tokenizer for models that ship none."""
 
 from __future__ import annotations
 
@@ -28,3 +29,19 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int | None = None, timeo
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def byte_tokenizer():
+    """Byte-level: ids 0-2 are <unk>, <s>, </s> (as in the tiny model's config), the 256 bytes follow; a toy
+    chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({ch: 3 + i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    t = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    t.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
+    return t
