@@ -1,0 +1,127 @@
+"""``splitfuse profile``: sweep a GPU into a profile, refit saved points, check a profile, or plot one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def check_report(profile) -> str:
+    """Held-out error (overall and per sweep), KV capacity and provenance, as printed by ``--check``."""
+    m, fit = profile.meta, profile.fit
+    lines = [f"profile: {m.get('model')} on {m.get('card')} ({m.get('dtype')}, tp={m.get('tensor_parallel')}), "
+             f"kind={m.get('kind')}, date={m.get('date')}, commit={str(m.get('git_commit', '-'))[:12]}",
+             f"KV capacity: {profile.num_kv_blocks} blocks x {profile.block_size} tokens = "
+             f"{profile.num_kv_blocks * profile.block_size} tokens; max_model_len {profile.max_model_len}",
+             f"points: {len(profile.points)} ({fit.get('train', {}).get('n', 0)} fit, "
+             f"{fit.get('heldout', {}).get('n', 0)} held out); target {fit.get('target')}",
+             f"{'held-out':<10} {'n':>5} {'median':>8} {'p95':>8} {'max':>8}"]
+    rows = [("all", fit.get("heldout", {}))] + sorted(fit.get("heldout_by_sweep", {}).items())
+    for name, s in rows:
+        lines.append(f"{name:<10} {s.get('n', 0):>5} {_pct(s.get('median_abs_rel_err')):>8} "
+                     f"{_pct(s.get('p95_abs_rel_err')):>8} {_pct(s.get('max_abs_rel_err')):>8}")
+    held = fit.get("heldout", {})
+    ok = held.get("median_abs_rel_err") is not None and held["median_abs_rel_err"] <= 0.03 \
+        and held["p95_abs_rel_err"] <= 0.08
+    lines.append(f"target (median <= 3%, p95 <= 8%): {'met' if ok else 'NOT met'}")
+    if m.get("kind") != "measured":
+        lines.append("NOTE: this profile is not measured on a GPU (" + str(m.get("note", m.get("kind"))) + ")")
+    return "\n".join(lines)
+
+
+def fit_points_file(points_path: Path, out: Path, seed: int = 0):
+    from calibration.fitting import build_profile
+    from calibration.sweep import read_points
+
+    header, points = read_points(points_path)
+    if header is None:
+        raise click.ClickException(f"{points_path}: no header line; not a points file of `splitfuse profile`")
+    try:
+        profile = build_profile(points, header, header["block_size"], header["num_kv_blocks"],
+                                header["max_model_len"], seed=seed)
+    except (ValueError, KeyError) as e:
+        raise click.ClickException(f"{points_path}: cannot fit: {e}") from None
+    profile.save(out)
+    return profile
+
+
+@click.command("profile")
+@click.option("--model", help="Preset name (random weights) or a Hugging Face checkpoint directory.")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="bf16", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Profile file to write; measured points go to OUT.points.jsonl (resumable).")
+@click.option("--check", "check_path", metavar="FILE|NAME", help="Print a profile's held-out error and KV capacity.")
+@click.option("--from-points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Refit a saved points file (from an earlier sweep) into --out, without a GPU.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="With --check: also write latency and throughput plots (HTML, PNG if possible) here.")
+@click.option("--time-budget", type=click.FloatRange(min=1), help="Stop measuring new passes after this many s.")
+@click.option("--max-points", type=click.IntRange(min=1), help="Measure at most this many passes (smoke runs).")
+@click.option("--device", default="cuda", show_default=True, help="Torch device (cpu only for smoke runs).")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, max_points, device, block_size,
+            gpu_memory_utilization, seed, no_progress):
+    """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points), or --check FILE."""
+    from calibration.profile import load_profile
+
+    if check_path:
+        if model or from_points:
+            raise click.UsageError("--check takes only a profile (and optionally --plot); drop --model/--from-points")
+        try:
+            prof = load_profile(check_path)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(check_report(prof))
+        if plot_dir:
+            from calibration.plots import write_plots
+
+            for path in write_plots(prof, plot_dir):
+                click.echo(f"wrote {path}")
+        return
+    if plot_dir:
+        raise click.UsageError("--plot goes with --check")
+    if out is None:
+        raise click.UsageError("--out FILE is required (or use --check FILE)")
+    if from_points:
+        if model:
+            raise click.UsageError("--from-points refits saved points; drop --model")
+        prof = fit_points_file(from_points, out, seed)
+        click.echo(check_report(prof))
+        return
+    if not model:
+        raise click.UsageError("--model PRESET|PATH is required (or use --check FILE / --from-points FILE)")
+    from engine.presets import resolve_model
+
+    try:
+        resolve_model(model)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--model") from None
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.ClickException("no CUDA GPU here: profiling times real passes on a GPU "
+                                       "(--device cpu only for smoke runs)")
+    from calibration.sweep import run_sweep
+
+    points_path = out.with_name(out.name + ".points.jsonl")
+    try:
+        header, points = run_sweep(model, dtype, points_path, device=device, seed=seed, block_size=block_size,
+                                   gpu_memory_utilization=gpu_memory_utilization, time_budget_s=time_budget,
+                                   max_points=max_points, progress=not no_progress)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{len(points)} points in {points_path}")
+    prof = fit_points_file(points_path, out, seed)
+    click.echo(check_report(prof))
+    click.echo(f"wrote {out}")

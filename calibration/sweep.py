@@ -1,0 +1,266 @@
+"""The GPU sweep: time real engine steps over the passes of ``plans.sweep_specs`` (imports torch).
+
+One engine step is what ``LLMEngine.step`` does: the scheduler builds the plan, the runner prepares inputs,
+runs the forward pass and samples (which syncs), and the scheduler applies the result. Per pass we take the
+scheduling and update time once (they are host-only and deterministic) and time ``runner.run(plan)`` several
+times, on the host clock with a device sync and with CUDA events. Points are appended to a JSONL file as they
+come, so an interrupted sweep resumes where it stopped and a time-boxed one keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from calibration import plans
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _fast_random_init(model, seed: int, std: float = 0.02) -> None:
+    """Seeded normal weights drawn on the model's device: the engine's ``random_init`` draws on the CPU (the
+    same model on any device), which costs a minute for a 13B model; timing needs random, not portable, data."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=generator)
+
+
+def make_engine(model: str, dtype: str, device: str, seed: int, block_size: int, gpu_memory_utilization: float):
+    """The real engine, built as ``LLMEngine`` builds itself (so the KV capacity is the engine's own)."""
+    import engine.weights
+    from engine.llm import LLMEngine
+
+    original = engine.weights.random_init
+    if device.startswith("cuda"):
+        engine.weights.random_init = _fast_random_init
+    try:
+        return LLMEngine(model, dtype=DTYPES[dtype], device=device, seed=seed, block_size=block_size,
+                         gpu_memory_utilization=gpu_memory_utilization)
+    finally:
+        engine.weights.random_init = original
+
+
+def _median_seconds(fn, repeats: int = 10) -> float:
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(np.median(times))
+
+
+def _time_op(op, shape_a, shape_b, device: torch.device) -> float:
+    a = torch.randn(shape_a, device=device, dtype=torch.bfloat16)
+    b = torch.randn(shape_b, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        op(a, b)
+    return _median_seconds(lambda: op(a, b))
+
+
+def device_ceilings(device: torch.device) -> dict:
+    """Measured copy bandwidth (bytes read + written) and bf16 matmul rate, on random data."""
+    if device.type != "cuda":
+        return {"copy_bandwidth_Bps": None, "matmul_flops": None}
+    n, m = 1 << 29, 8192  # a 1 GiB bf16 copy; an 8192^3 bf16 matrix product
+    copy_s = _time_op(lambda x, y: y.copy_(x), (n,), (n,), device)
+    mm_s = _time_op(lambda x, y: torch.matmul(x, y), (m, m), (m, m), device)
+    torch.cuda.empty_cache()
+    return {"copy_bandwidth_Bps": 2 * n * 2 / copy_s, "matmul_flops": 2 * m**3 / mm_s}
+
+
+def git_commit() -> str:
+    env = os.environ.get("SPLITFUSE_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("triton", "splitfuse"):
+        try:
+            out[name if name != "splitfuse" else "engine"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name if name != "splitfuse" else "engine"] = None
+    return out
+
+
+def sweep_meta(llm, model: str, dtype: str, device: torch.device, ceilings: dict) -> dict:
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    mem = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return {"model": model, "card": card, "card_memory_bytes": mem, "dtype": dtype, "tensor_parallel": 1,
+            "kind": "measured", "versions": versions(), "git_commit": git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "block_size": llm.block_manager.block_size, "num_kv_blocks": llm.block_manager.num_blocks,
+            "max_model_len": llm.max_model_len, **ceilings,
+            "timing": "wall_s = scheduler.schedule + median(runner.run, host clock with device sync) "
+                      "+ scheduler.update; gpu_s = CUDA events around runner.run"}
+
+
+class PointTimer:
+    """Times one pass: warm-up, then repeats until ``target_s`` of samples or ``max_repeats``."""
+
+    def __init__(self, runner, device: torch.device, min_repeats: int = 3, max_repeats: int = 8,
+                 target_s: float = 0.25, warmup: int = 1) -> None:
+        self.runner, self.device = runner, device
+        self.min_repeats, self.max_repeats, self.target_s, self.warmup = min_repeats, max_repeats, target_s, warmup
+        self.cuda = device.type == "cuda"
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def once(self, plan) -> tuple[float, float | None, list[int]]:
+        start = end = None
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._sync()
+        t0 = time.perf_counter()
+        if start is not None:
+            start.record()
+        sampled = self.runner.run(plan)
+        if end is not None:
+            end.record()
+        self._sync()
+        wall = time.perf_counter() - t0
+        gpu = start.elapsed_time(end) / 1e3 if start is not None else None
+        return wall, gpu, sampled
+
+    def time(self, plan) -> tuple[list[float], list[float], list[int]]:
+        for _ in range(self.warmup):
+            self.once(plan)
+        walls, gpus = [], []
+        wall, gpu, sampled = self.once(plan)
+        walls.append(wall)
+        gpus.append(gpu)
+        n = min(self.max_repeats, max(self.min_repeats, math.ceil(self.target_s / max(wall, 1e-6))))
+        for _ in range(n - 1):
+            wall, gpu, sampled = self.once(plan)
+            walls.append(wall)
+            gpus.append(gpu)
+        return walls, gpus, sampled
+
+
+def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generator) -> dict:
+    """One point: the plan built by the real scheduler, timed; then the scheduler's update, timed."""
+    config = llm.model_config
+    sched, plan, sched_s = plans.build_plan(spec, llm.block_manager, rng, config.vocab_size, llm.max_model_len)
+    try:
+        walls, gpus, sampled = timer.time(plan)
+        t0 = time.perf_counter()
+        sched.update(plan, sampled, 0.0)
+        update_s = time.perf_counter() - t0
+    finally:
+        plans.release(sched)
+    host = sched_s + update_s
+    point = {"sweep": spec.sweep, "key": spec.key, **plan.features(), "run_s": float(np.median(walls)),
+             "sched_s": sched_s, "update_s": update_s, "wall_s": float(np.median(walls)) + host,
+             "wall_repeats": [round(w + host, 7) for w in walls]}
+    if gpus[0] is not None:
+        point["gpu_s"] = float(np.median(gpus))
+        point["gpu_repeats"] = [round(g, 7) for g in gpus]
+    return point
+
+
+def read_points(path: Path) -> tuple[dict | None, list[dict]]:
+    """(header, points) of a JSONL points file; a torn last line (killed mid-write) is dropped."""
+    header, points = None, []
+    if not path.exists():
+        return None, []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "header" in row:
+            header = row["header"]
+        else:
+            points.append(row)
+    return header, points
+
+
+def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda", seed: int = 0,
+              block_size: int = 16, gpu_memory_utilization: float = 0.9, time_budget_s: float | None = None,
+              max_points: int | None = None, progress: bool = True,
+              specs: list[plans.PassSpec] | None = None) -> tuple[dict, list[dict]]:
+    """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given) not yet in ``points_path``, until
+    the time budget; returns (meta, all points)."""
+    from tqdm import tqdm
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    points_path = Path(points_path)
+    header, done = read_points(points_path)
+    if header is not None and (header["model"], header["dtype"]) != (model, dtype):
+        raise ValueError(f"{points_path} holds points of {header['model']} {header['dtype']}, not {model} {dtype}; "
+                         f"choose another --out or delete it")
+    torch.manual_seed(seed)
+    llm = make_engine(model, dtype, device, seed, block_size, gpu_memory_utilization)
+    dev = llm.device
+    if header is None:
+        header = sweep_meta(llm, model, dtype, dev, device_ceilings(dev))
+        points_path.parent.mkdir(parents=True, exist_ok=True)
+        with points_path.open("a") as f:
+            f.write(json.dumps({"header": header}) + "\n")
+    elif header.get("card") != (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"):
+        raise ValueError(f"{points_path} was measured on {header.get('card')!r}; resume it on the same card")
+    bm = llm.block_manager
+    if specs is None:
+        specs = plans.sweep_specs(llm.max_model_len, bm.num_blocks, bm.block_size, seed=seed)
+    if max_points is not None:
+        specs = specs[:max_points]
+    keys = {p["key"] for p in done}
+    todo = [s for s in specs if s.key not in keys]
+    timer = PointTimer(llm.runner, dev)
+    rng = np.random.default_rng(seed + 1)
+    _warm_up(llm, timer, rng)
+    start = time.monotonic()
+    with points_path.open("a") as f:
+        for spec in tqdm(todo, desc=f"profile {model}", disable=not progress, unit="pass"):
+            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+                break
+            point = measure(llm, spec, timer, rng)
+            f.write(json.dumps(point) + "\n")
+            f.flush()
+            done.append(point)
+    return header, done
+
+
+def _warm_up(llm, timer: PointTimer, rng: np.random.Generator) -> None:
+    """Compile kernels and fill allocator pools with a few passes of each kind before timing anything."""
+    top = llm.max_model_len - 1
+    for spec in (plans.PassSpec("prefill", chunks=((0, min(2048, top), 0),)),
+                 plans.PassSpec("decode", decode_contexts=(min(512, top - 1),) * 8),
+                 plans.PassSpec("mixed", decode_contexts=(min(256, top - 1),) * 4,
+                                chunks=((min(128, top // 2), 64, 8),))):
+        if spec.blocks_needed(llm.block_manager.block_size) <= llm.block_manager.num_blocks:
+            sched, plan, _ = plans.build_plan(spec, llm.block_manager, rng, llm.model_config.vocab_size,
+                                              llm.max_model_len)
+            try:
+                for _ in range(3):
+                    timer.once(plan)
+            finally:
+                plans.release(sched)

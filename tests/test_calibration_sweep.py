@@ -1,0 +1,76 @@
+"""The sweep end to end on the CPU (tiny model, a handful of small passes): points, resume, refit, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from calibration import plans  # noqa: E402
+from calibration.cli import profile as profile_cmd  # noqa: E402
+from calibration.sweep import read_points, run_sweep  # noqa: E402
+
+SPECS = [plans.PassSpec("prefill", chunks=((0, n, 0),)) for n in (3, 17, 40, 64, 100)]
+SPECS += [plans.PassSpec("decode", decode_contexts=(c,) * b) for b, c in ((1, 20), (4, 33), (6, 70), (9, 17), (2, 90))]
+SPECS += [plans.PassSpec("mixed", decode_contexts=(30, 50), chunks=((16, 12, 5),)),
+          plans.PassSpec("mixed", decode_contexts=(40,) * 3, chunks=((0, 7, 0), (32, 9, 3)))]
+
+
+def _sweep(path, specs):
+    return run_sweep("tiny-llama", "fp32", path, device="cpu", progress=False, specs=specs)
+
+
+def test_sweep_measures_resumes_and_refits(tmp_path):
+    path = tmp_path / "p.points.jsonl"
+    header, points = _sweep(path, SPECS[:4])
+    assert header["kind"] == "measured" and header["model"] == "tiny-llama" and header["num_kv_blocks"] > 0
+    assert [p["key"] for p in points] == [s.key for s in SPECS[:4]]
+    for p, s in zip(points, SPECS):
+        assert {k: p[k] for k in plans.spec_features(s)} == plans.spec_features(s)
+        assert p["wall_s"] >= p["run_s"] > 0 and len(p["wall_repeats"]) >= 3
+    lines_before = len(path.read_text().splitlines())
+    _, points = _sweep(path, SPECS)  # resumes: only the new passes are measured
+    assert len(points) == len(SPECS)
+    assert len(path.read_text().splitlines()) == lines_before + len(SPECS) - 4
+    with path.open("a") as f:
+        f.write('{"sweep": "decode", "torn')  # a write cut off by a kill is ignored
+    assert len(read_points(path)[1]) == len(SPECS)
+
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(profile_cmd, ["--from-points", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "KV capacity" in result.output and json.loads(out.read_text())["meta"]["card"] == "cpu"
+    result = CliRunner().invoke(profile_cmd, ["--check", str(out)])
+    assert result.exit_code == 0 and "held-out" in result.output
+
+
+def test_resume_refuses_other_model(tmp_path):
+    path = tmp_path / "p.points.jsonl"
+    path.write_text(json.dumps({"header": {"model": "llama-2-7b", "dtype": "bf16"}}) + "\n")
+    with pytest.raises(ValueError, match="llama-2-7b"):
+        _sweep(path, SPECS[:1])
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--out"),
+    (["--out", "x.json"], "--model"),
+    (["--model", "no-such-model", "--out", "x.json"], "unknown model"),
+    (["--model", "tiny-llama", "--dtype", "int8", "--out", "x.json"], "int8"),
+    (["--check", "no-such-profile"], "shipped"),
+    (["--check", "llama-2-7b", "--model", "tiny-llama"], "--check takes only"),
+    (["--plot", "d", "--model", "tiny-llama", "--out", "x.json"], "--plot goes with --check"),
+    (["--model", "tiny-llama", "--out", "x.json", "--time-budget", "0"], "time-budget"),
+])
+def test_cli_bad_flags_give_clear_errors(args, message):
+    result = CliRunner().invoke(profile_cmd, args)
+    assert result.exit_code != 0
+    assert message in result.output
+
+
+def test_cli_check_prints_heldout_error_and_capacity():
+    result = CliRunner().invoke(profile_cmd, ["--check", "llama-2-7b"])
+    assert result.exit_code == 0, result.output
+    assert "KV capacity" in result.output and "median" in result.output and "p95" in result.output
