@@ -36,6 +36,10 @@ def check_report(profile) -> str:
     return "\n".join(lines)
 
 
+def points_path_for(out: Path) -> Path:
+    return out.with_name(out.stem + ".points.jsonl")
+
+
 def fit_points_file(points_path: Path, out: Path, seed: int = 0):
     from calibration.fitting import build_profile
     from calibration.sweep import read_points
@@ -56,7 +60,7 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--model", help="Preset name (random weights) or a Hugging Face checkpoint directory.")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="bf16", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Profile file to write; measured points go to OUT.points.jsonl (resumable).")
+              help="Profile file to write; measured points go beside it, in <OUT stem>.points.jsonl (resumable).")
 @click.option("--check", "check_path", metavar="FILE|NAME", help="Print a profile's held-out error and KV capacity.")
 @click.option("--from-points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Refit a saved points file (from an earlier sweep) into --out, without a GPU.")
@@ -68,9 +72,10 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, max_points, device, block_size,
-            gpu_memory_utilization, seed, no_progress):
+            gpu_memory_utilization, seed, no_fit, no_progress):
     """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points), or --check FILE."""
     from calibration.profile import load_profile
 
@@ -114,7 +119,7 @@ def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, m
                                        "(--device cpu only for smoke runs)")
     from calibration.sweep import run_sweep
 
-    points_path = out.with_name(out.name + ".points.jsonl")
+    points_path = points_path_for(out)
     try:
         header, points = run_sweep(model, dtype, points_path, device=device, seed=seed, block_size=block_size,
                                    gpu_memory_utilization=gpu_memory_utilization, time_budget_s=time_budget,
@@ -122,6 +127,8 @@ def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, m
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(points)} points in {points_path}")
+    if no_fit:
+        return
     prof = fit_points_file(points_path, out, seed)
     click.echo(check_report(prof))
     click.echo(f"wrote {out}")
