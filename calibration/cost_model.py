@@ -25,6 +25,10 @@ FEATURES = ("num_tokens", "prefill_tokens", "decode_tokens", "num_seqs", "prefil
             "prefill_attention")
 LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs", "has_prefill")
 DEFAULT_KNOTS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
+DENSE_KNOTS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792,
+               2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168)
+COARSE_KNOTS = (64, 256, 1024, 4096)
+CANDIDATE_KNOTS = {"coarse": COARSE_KNOTS, "default": DEFAULT_KNOTS, "dense": DENSE_KNOTS}
 # Terms whose coefficient is physically non-negative (work never makes a pass faster).
 NONNEGATIVE = ("intercept", "tokens", "decode_context", "prefill_attention")
 
@@ -118,6 +122,26 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     coef = np.zeros(len(names))
     coef[used] = res.x / scale[used]
     return CostModel(knots, dict(zip(names, coef.tolist())))
+
+
+def select_knots(X: Mapping[str, np.ndarray], y: np.ndarray, candidates: Mapping[str, Sequence[float]] = None,
+                 folds: int = 5, seed: int = 0) -> tuple[str, dict]:
+    """The knot set with the smallest cross-validated error (median + p95 / 2 of |relative error|) on the given
+    points, which must not include the held-out ones. Returns (name, {name: score})."""
+    candidates = candidates or CANDIDATE_KNOTS
+    y = np.asarray(y, dtype=float)
+    fold = np.random.default_rng(seed).permutation(len(y)) % folds
+    scores = {}
+    for name, knots in candidates.items():
+        rel = np.empty(len(y))
+        for k in range(folds):
+            test = fold == k
+            train = {n: np.asarray(v)[~test] for n, v in X.items()}
+            model = fit(train, y[~test], knots)
+            rel[test] = relative_errors(model, {n: np.asarray(v)[test] for n, v in X.items()}, y[test])
+        a = np.abs(rel)
+        scores[name] = float(np.median(a) + np.percentile(a, 95) / 2)
+    return min(scores, key=scores.get), scores
 
 
 def relative_errors(model: CostModel, X: Mapping[str, np.ndarray], y: np.ndarray) -> np.ndarray:

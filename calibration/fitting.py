@@ -45,8 +45,10 @@ def noise_ratios(points: Sequence[Mapping], key: str = "wall_repeats", target: s
 
 def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num_kv_blocks: int,
                   max_model_len: int, *, heldout_frac: float = 0.2, seed: int = 0,
-                  knots: Sequence[float] = cost_model.DEFAULT_KNOTS, target: str = TARGET) -> Profile:
-    """Fit on the training points, score on the held-out ones, and bundle everything into a ``Profile``."""
+                  knots: Sequence[float] | None = None, target: str = TARGET) -> Profile:
+    """Fit on the training points, score on the held-out ones, and bundle everything into a ``Profile``.
+
+    Without ``knots``, the knot set is chosen by cross-validation on the training points alone."""
     points = [dict(p) for p in points]
     if len(points) < 10:
         raise ValueError(f"only {len(points)} points: too few to fit and hold some out")
@@ -56,8 +58,12 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
     held = [p for p in points if p["split"] == "heldout"]
     X_train = columns(train, cost_model.FEATURES)
     y_train = np.array([p[target] for p in train])
+    selection = None
+    if knots is None:
+        name, scores = cost_model.select_knots(X_train, y_train, seed=seed)
+        knots, selection = cost_model.CANDIDATE_KNOTS[name], {"chosen": name, "cv_scores": scores}
     model = cost_model.fit(X_train, y_train, knots)
-    fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed,
+    fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed, "knot_selection": selection,
            "train": cost_model.error_stats(cost_model.relative_errors(model, X_train, y_train))}
     if held:
         y_held = np.array([p[target] for p in held])

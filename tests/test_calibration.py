@@ -156,3 +156,12 @@ def test_profile_module_does_not_import_torch():
 def test_format_constant_written():
     d = synthetic_profile().to_dict()
     assert d["format"] == FORMAT and d["version"] == VERSION
+
+
+def test_knot_selection_by_cross_validation_finds_a_kink_coarse_knots_miss():
+    truth = cost_model.CostModel((2048.0,), {**{k: v for k, v in TRUE.items() if not k.startswith("hinge")},
+                                             "hinge_0": 6e-5})
+    pts = synthetic_points(truth)
+    X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
+    name, scores = cost_model.select_knots(X, np.array([p["wall_s"] for p in pts]))
+    assert name != "coarse" and scores["coarse"] > 2 * scores[name]
