@@ -165,3 +165,12 @@ def test_knot_selection_by_cross_validation_finds_a_kink_coarse_knots_miss():
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
     name, scores = cost_model.select_knots(X, np.array([p["wall_s"] for p in pts]))
     assert name != "coarse" and scores["coarse"] > 2 * scores[name]
+
+
+def test_plots_write_latency_and_throughput_html(tmp_path):
+    pytest.importorskip("plotly")
+    from calibration.plots import write_plots
+
+    written = write_plots(synthetic_profile(), tmp_path, png=False)
+    assert sorted(p.name.rsplit("-", 1)[-1] for p in written) == ["latency.html", "throughput.html"]
+    assert all("synthetic" in p.read_text() for p in written)
