@@ -97,3 +97,16 @@ def test_engine_streams_one_token_per_step_and_aborts(hf_checkpoint):
             aborted = True
     assert not engine.abort(dropped) and engine.block_manager.num_free_blocks == 64
     assert streamed == finished.token_ids == hf_greedy(hf_model, prompts[:1])[0]
+
+
+def test_generate_cli_on_the_bundled_checkpoint():
+    """The bundled tiny-llama (trained on a few sentences) and its tokenizer load and complete a sentence."""
+    from click.testing import CliRunner
+
+    from engine.generate_cli import generate
+
+    result = CliRunner().invoke(generate, ["--prompt", "The quick brown", "--prompt", "Once upon a",
+                                           "--num-kv-blocks", "32", "--token-budget", "8"])
+    assert result.exit_code == 0, result.output
+    assert "'The quick brown' -> ' fox jumps over the lazy dog.'" in result.output
+    assert "tokens/s" in result.output
