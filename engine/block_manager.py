@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from engine.request import Request
 
 
@@ -24,7 +26,9 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_hashes: list = [None] * num_blocks
         self.cached: dict = {}  # block hash -> block id
-        self.free_blocks: dict[int, None] = dict.fromkeys(range(num_blocks))  # ordered set; front = evict first
+        # An ordered set; front = evict first. OrderedDict because a plain dict's next(iter()) scans past the
+        # slots of keys deleted from its front, which made allocation quadratic in the number of blocks.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
     def num_free_blocks(self) -> int:
@@ -75,9 +79,9 @@ class BlockManager:
         if needed > len(free):
             return False
         ref_counts, hashes = self.ref_counts, self.block_hashes
+        popfront = free.popitem
         for _ in range(needed):
-            block = next(iter(free))
-            del free[block]
+            block = popfront(last=False)[0]
             old = hashes[block]
             if old is not None:  # evict the stale cache entry of a reused block
                 hashes[block] = None

@@ -131,17 +131,21 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         raise NotImplementedError
 
-    def _make_room(self, plan: BatchPlan, request: Request, num_tokens: int, scheduled: set) -> bool:
-        """Allocate for ``request``, preempting the newest unscheduled running requests until it fits.
+    def _make_room(self, plan: BatchPlan, request: Request, num_tokens: int) -> bool:
+        """Allocate for ``request``, preempting the newest running requests not in ``plan`` until it fits.
 
         Returns False if ``request`` itself had to be preempted."""
         bm = self.block_manager
-        while not bm.allocate(request, num_tokens):
-            victim = next(r for r in reversed(self.running) if id(r) not in scheduled)
+        if bm.allocate(request, num_tokens):
+            return True
+        in_plan = {id(r) for r in plan.requests}  # built only when blocks run short
+        while True:
+            victim = next(r for r in reversed(self.running) if id(r) not in in_plan)
             self._preempt(victim, plan)
             if victim is request:
                 return False
-        return True
+            if bm.allocate(request, num_tokens):
+                return True
 
     def _preempt(self, request: Request, plan: BatchPlan) -> None:
         self.running.remove(request)
@@ -152,21 +156,33 @@ class Scheduler:
         self.waiting.appendleft(request)
         plan.preempted.append(request)
 
-    def _schedule_decodes(self, plan: BatchPlan, budget: int, scheduled: set) -> int:
-        """Give every running decode one token (in arrival order) while budget lasts; returns budget left."""
+    def _schedule_decodes(self, plan: BatchPlan, budget: int, others: list | None = None) -> int:
+        """Give every running decode one token (in arrival order) while budget lasts; returns budget left.
+
+        ``others`` (if given) receives the running requests that are not decodes, in arrival order."""
+        # The hot loop of the simulator: BatchPlan.add and num_pending_tokens are inlined here.
         bs = self.block_manager.block_size
-        for request in list(self.running):
+        running = RequestState.RUNNING
+        requests, new_tokens, starts, samples = plan.requests, plan.num_new_tokens, plan.start_positions, plan.samples
+        num_decodes = 0
+        for request in list(self.running):  # a copy: preemption edits self.running
             if budget == 0:
                 break
-            if request.state is not RequestState.RUNNING or request.num_pending_tokens != 1 \
-                    or request.num_output_tokens == 0:
+            computed = request.num_computed_tokens
+            if request.state is not running or request.num_output_tokens == 0 \
+                    or request.num_prompt_tokens + request.num_output_tokens - computed != 1:
+                if others is not None:
+                    others.append(request)
                 continue
             # Fast path: a decode needs a new block only when its last block is full.
-            if request.num_computed_tokens < len(request.block_table) * bs \
-                    or self._make_room(plan, request, 1, scheduled):
-                scheduled.add(id(request))
-                plan.add(request, 1, decode=True)
+            if computed < len(request.block_table) * bs or self._make_room(plan, request, 1):
+                requests.append(request)
+                new_tokens.append(1)
+                starts.append(computed)
+                samples.append(True)  # a decode's one token is always the last pending one
+                num_decodes += 1
                 budget -= 1
+        plan.num_decodes += num_decodes
         return budget
 
     def _admit(self, request: Request, now: float) -> None:
@@ -200,12 +216,13 @@ class Scheduler:
         """
         bm = self.block_manager
         caching = bm.enable_prefix_caching
+        running = RequestState.RUNNING
         tokens = iter(sampled_token_ids) if sampled_token_ids is not None else None
         finished = []
         for request, start, n, samples in zip(plan.requests, plan.start_positions, plan.num_new_tokens,
                                               plan.samples):
             token = next(tokens) if (samples and tokens is not None) else None
-            if request.state is not RequestState.RUNNING:  # aborted while the pass ran
+            if request.state is not running:  # aborted while the pass ran
                 continue
             request.num_computed_tokens = start + n
             if caching and start < request.num_prompt_tokens:
@@ -226,17 +243,17 @@ class SplitFuseScheduler(Scheduler):
 
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         plan = BatchPlan()
-        scheduled: set = set()
-        budget = self._schedule_decodes(plan, self.token_budget, scheduled)
-        # Continue prompts already under way (arrival order), then admit new ones.
-        for request in list(self.running):
+        others: list[Request] = []
+        budget = self._schedule_decodes(plan, self.token_budget, others)
+        # Continue prompts already under way (arrival order), then admit new ones. When budget is left, every
+        # running decode is in the plan or preempted, so only ``others`` can still be scheduled.
+        for request in others:
             if budget == 0:
                 break
-            if id(request) in scheduled or request.state is not RequestState.RUNNING:
+            if request.state is not RequestState.RUNNING:
                 continue
             n = min(request.num_pending_tokens, budget)
-            if self._make_room(plan, request, n, scheduled):
-                scheduled.add(id(request))
+            if self._make_room(plan, request, n):
                 plan.add(request, n, decode=False)
                 budget -= n
         bm = self.block_manager
@@ -270,7 +287,7 @@ class PrefillFirstScheduler(Scheduler):
         if self.waiting:
             self._try_admit_whole(plan, self.token_budget, now)
         if not plan.requests:
-            self._schedule_decodes(plan, self.token_budget, set())
+            self._schedule_decodes(plan, self.token_budget)
         return plan if plan.requests else None
 
 
@@ -281,7 +298,7 @@ class DecodeFirstScheduler(PrefillFirstScheduler):
 
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         plan = BatchPlan()
-        budget = self._schedule_decodes(plan, self.token_budget, set())
+        budget = self._schedule_decodes(plan, self.token_budget)
         if not plan.preempted:
             self._try_admit_whole(plan, budget, now)
         return plan if plan.requests else None
