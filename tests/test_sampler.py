@@ -108,3 +108,13 @@ def test_unseeded_requests_follow_the_engine_seed(hf_checkpoint):
         return [o.token_ids for o in engine.generate(prompts, params)]
 
     assert run(0) == run(0) != run(1)
+
+
+def test_seeded_tokens_survive_preemption(hf_checkpoint):
+    path = str(hf_checkpoint("llama-gqa")[0])
+    prompts = [[11 + i] * (6 + 5 * i) for i in range(4)]
+    params = [SamplingParams(max_tokens=24, temperature=1.0, top_k=20, seed=i, ignore_eos=True) for i in range(4)]
+    roomy = LLM(path, token_budget=16, block_size=4, num_kv_blocks=128).generate(prompts, params)
+    tight = LLM(path, token_budget=16, block_size=4, num_kv_blocks=16).generate(prompts, params)
+    assert sum(o.metrics.num_preemptions for o in tight) > 0
+    assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]
