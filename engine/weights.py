@@ -38,16 +38,18 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | 
 
 @torch.no_grad()
 def random_init(model: nn.Module, seed: int, std: float = 0.02) -> None:
-    """Normal(0, std) weights, zero biases, unit norms; the same seed gives the same model on any device."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    """Normal(0, std) weights, zero biases, unit norms, drawn in place on the model's device from ``seed``
+    (the same seed gives the same model on the same kind of device)."""
+    generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():  # named_parameters visits tied weights once
         if name.endswith("bias"):
             param.zero_()
         elif "norm" in name:
             param.fill_(1.0)
         else:
-            values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
-            param.copy_(values)
+            if param.device not in generators:
+                generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+            param.normal_(0.0, std, generator=generators[param.device])
 
 
 def checkpoint_files(path: Path) -> list[Path]:
