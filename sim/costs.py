@@ -7,10 +7,13 @@ Every cost model has the profile interface: ``predict_plan(plan)`` (median secon
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 DEFAULT_PROFILE = "llama-2-7b"
 BUILTIN = "builtin-llama-2-7b"
+_STANDARD_NORMAL = NormalDist()
 
 
 @dataclass
@@ -19,7 +22,7 @@ class ConstantCost:
 
     seconds: float
     block_size: int = 16
-    num_kv_blocks: int = 1 << 20
+    num_kv_blocks: int = 4096
     max_model_len: int | None = None
     meta: dict = field(default_factory=lambda: {"kind": "constant"})
 
@@ -45,7 +48,7 @@ class LinearCost:
     per_seq: float = 0.0
     noise_sigma: float = 0.0
     block_size: int = 16
-    num_kv_blocks: int = 1 << 20
+    num_kv_blocks: int = 4096
     max_model_len: int | None = None
     meta: dict = field(default_factory=lambda: {"kind": "linear"})
 
@@ -66,7 +69,7 @@ class LinearCost:
     def sample_factor(self, rng) -> float:
         if not self.noise_sigma:
             return 1.0
-        return float(rng.lognormal(0.0, self.noise_sigma))
+        return math.exp(self.noise_sigma * _STANDARD_NORMAL.inv_cdf(rng.random()))
 
 
 def builtin_llama_2_7b() -> LinearCost:

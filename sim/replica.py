@@ -17,6 +17,25 @@ from engine.scheduler import make_scheduler
 KV_SERIES_POINTS = 4096  # the KV-use series is thinned by 2 whenever it reaches twice this size
 
 
+class BufferedRandom:
+    """A numpy Generator whose ``random()`` serves pre-drawn blocks (one numpy call per 4,096 passes, not per
+    pass); other methods go to the generator itself."""
+
+    def __init__(self, generator: np.random.Generator, block: int = 4096) -> None:
+        self.generator = generator
+        self.block = block
+        self._values: list[float] = []
+
+    def random(self) -> float:
+        if not self._values:
+            self._values = self.generator.random(self.block).tolist()
+            self._values.reverse()
+        return self._values.pop()
+
+    def __getattr__(self, name):
+        return getattr(self.generator, name)
+
+
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, cost, scheduler: str = "splitfuse",
                  token_budget: int = 768, max_num_seqs: int = 256, prefix_caching: bool = True,
@@ -28,7 +47,7 @@ class Replica:
         self.scheduler = make_scheduler(scheduler, self.block_manager, token_budget=token_budget,
                                         max_num_seqs=max_num_seqs, max_model_len=cost.max_model_len)
         self.noise = noise
-        self.rng = np.random.default_rng([seed, index, 0xC057])
+        self.rng = BufferedRandom(np.random.default_rng([seed, index, 0xC057]))
         self.on_finish = on_finish
         self.outstanding_requests = 0
         self.outstanding_tokens = 0

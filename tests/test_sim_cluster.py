@@ -1,0 +1,110 @@
+"""The simulated cluster: conservation, determinism, the scheduler comparison FastGen reports, and the
+arrival processes."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.capacity import estimate_capacity
+from sim.cluster import ClusterConfig, simulate
+from sim.costs import LinearCost, load_cost_model
+from sim.metrics import summarize
+from sim.workload import LengthDist, RequestTable, Workload
+
+SMALL = LinearCost(base=5e-3, per_token=2e-5, per_decode_context=1e-7, noise_sigma=0.05, num_kv_blocks=400)
+
+
+def small_workload(n=400, rate=20.0, **kw):
+    return Workload(num_requests=n, rate=rate, prompt=LengthDist("uniform", (10, 600)),
+                    output=LengthDist("uniform", (1, 80)), **kw)
+
+
+@pytest.mark.parametrize("scheduler, balancer", [("splitfuse", "round-robin"), ("splitfuse", "power-of-two"),
+                                                 ("prefill-first", "least-tokens"), ("decode-first", "least-kv")])
+def test_every_request_finishes_exactly_once_with_its_output(scheduler, balancer):
+    w = small_workload()
+    table = w.generate(seed=5)
+    config = ClusterConfig(SMALL, replicas=3, scheduler=scheduler, token_budget=700, balancer=balancer)
+    result = simulate(w, config, seed=5)
+    df = result.requests
+    assert sorted(df["id"]) == list(range(len(table)))
+    assert (df["output_tokens"].to_numpy() == table.output_tokens).all()
+    assert (df["prompt_tokens"].to_numpy() == table.prompt_tokens).all()
+    assert (df["arrival"] <= df["scheduled"]).all() and (df["scheduled"] < df["first_token"]).all()
+    assert (df["first_token"] <= df["finish"]).all()
+    assert result.replicas["requests"].sum() == len(table)
+    assert result.tokens_per_pass.sum() == result.replicas["passes"].sum()
+    # Every prompt and output token was computed once, plus whatever preemption made the replica recompute.
+    computed = (np.arange(result.tokens_per_pass.shape[1]) * result.tokens_per_pass).sum()
+    fed = (table.prompt_tokens + table.output_tokens - 1).sum()
+    assert computed >= fed and (computed == fed) == (result.replicas["preemptions"].sum() == 0)
+
+
+def test_preemption_shows_up_when_kv_is_short():
+    tight = LinearCost(base=5e-3, per_token=2e-5, num_kv_blocks=60)
+    result = simulate(small_workload(rate=60.0), ClusterConfig(tight, token_budget=700), seed=1)
+    assert result.replicas["preemptions"].sum() > 0
+    assert result.requests["preemptions"].sum() == result.replicas["preemptions"].sum()
+    assert result.replicas["peak_kv_usage"].max() > 0.9
+
+
+def test_same_seed_same_result_and_different_seed_differs():
+    config = ClusterConfig(SMALL, replicas=2, balancer="random")
+    a = simulate(small_workload(), config, seed=3).requests
+    b = simulate(small_workload(), config, seed=3).requests
+    c = simulate(small_workload(), config, seed=4).requests
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["finish"].equals(c["finish"])
+
+
+def test_splitfuse_beats_prefill_first_on_fastgens_long_prompt_workload():
+    cost = load_cost_model("llama-2-7b")
+    w = Workload(num_requests=600, rate=1.0, prompt=LengthDist("normal", (2600, 0.3)),
+                 output=LengthDist("normal", (128, 0.3)), max_prompt_tokens=4000)
+    w.rate = 0.9 * estimate_capacity(cost, w)
+    split = summarize(simulate(w, ClusterConfig(cost, scheduler="splitfuse", token_budget=768), seed=0))
+    whole = summarize(simulate(w, ClusterConfig(cost, scheduler="prefill-first", token_budget=4400), seed=0))
+    assert split["effective_throughput_rps"] > whole["effective_throughput_rps"]
+    assert split["itl_p95"] < whole["itl_p95"]
+
+
+def test_closed_loop_clients_never_exceed_their_number():
+    w = Workload(num_requests=300, arrivals="closed", clients=5, prompt=LengthDist("fixed", (100,)),
+                 output=LengthDist("fixed", (10,)))
+    df = simulate(w, ClusterConfig(SMALL, replicas=2), seed=0).requests
+    sends = np.stack([df["arrival"], np.ones(len(df))], 1)
+    finishes = np.stack([df["finish"], -np.ones(len(df))], 1)
+    events = np.concatenate([sends, finishes])
+    events = events[np.lexsort((events[:, 1], events[:, 0]))]  # a finish before a send at the same instant
+    assert np.cumsum(events[:, 1]).max() == 5
+    assert len(df) == 300
+
+
+def test_gamma_arrivals_are_burstier_than_poisson():
+    def cv(arrivals):
+        gaps = np.diff(arrivals)
+        return gaps.std() / gaps.mean()
+
+    poisson = Workload(num_requests=20000, rate=10.0).generate(0).arrivals
+    bursty = Workload(num_requests=20000, arrivals="gamma", rate=10.0, cv=3.0).generate(0).arrivals
+    assert cv(poisson) == pytest.approx(1.0, abs=0.05)
+    assert cv(bursty) == pytest.approx(3.0, rel=0.1)
+    assert 1 / np.diff(bursty).mean() == pytest.approx(10.0, rel=0.1)
+
+
+def test_shared_prefixes_hit_the_prefix_cache():
+    n = 200
+    table = RequestTable(np.arange(n) * 0.05, np.full(n, 512), np.full(n, 8),
+                         prefix_ids=np.array(["system"] * n, dtype=object), prefix_lens=np.full(n, 480))
+    cached = simulate(table, ClusterConfig(SMALL), seed=0).requests
+    uncached = simulate(table, ClusterConfig(SMALL, prefix_caching=False), seed=0).requests
+    assert cached["cached_tokens"].iloc[1:].eq(480).all() and uncached["cached_tokens"].eq(0).all()
+    assert cached["ttft"].mean() < uncached["ttft"].mean()
+
+
+def test_per_replica_statistics():
+    result = simulate(small_workload(), ClusterConfig(SMALL, replicas=3), seed=0)
+    reps = result.replicas
+    assert list(reps["replica"]) == [0, 1, 2]
+    assert ((reps["busy_share"] > 0) & (reps["busy_share"] <= 1)).all()
+    assert set(result.kv["replica"]) == {0, 1, 2} and result.kv["kv_usage"].between(0, 1).all()
