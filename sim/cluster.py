@@ -76,7 +76,9 @@ class _Loads(Sequence):
 def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
     """Reject, before simulating, a request that no replica could ever hold (naming its row)."""
     prompts, outputs = table.prompt_tokens, table.output_tokens
-    for i, cost in enumerate(costs):
+    first_index = {id(cost): i for i, cost in reversed(list(enumerate(costs)))}
+    for i in sorted(first_index.values()):  # each distinct cost model once
+        cost = costs[i]
         limit = cost.max_model_len
         total = prompts + outputs if limit is None else np.minimum(prompts + outputs, limit)
         need = -(-total // cost.block_size)

@@ -75,3 +75,16 @@ def test_goodput_spec_errors_name_the_flag():
         parse_goodput("ttft=0.5")
     with pytest.raises(ValueError, match="--goodput"):
         parse_goodput("itl:0.5")
+
+
+def test_capacity_search_brackets_the_sla_target():
+    from sim.capacity import capacity_search, load_sweep, max_rate_meeting
+
+    cost = LinearCost(base=0.01, per_token=1e-4, num_kv_blocks=2000)
+    w = Workload(num_requests=200, rate=1.0, prompt=LengthDist("fixed", (400,)), output=LengthDist("fixed", (20,)))
+    config = ClusterConfig(cost, token_budget=512, noise=False)
+    sla = SLA(generation_rate=8.0)
+    best = capacity_search(w, config, low=0.5, high=2.0, target=0.9, sla=sla, rel_tol=0.05)
+    sweep = load_sweep(w, config, [best, best * 1.15], sla=sla)
+    assert sweep["sla_share"].iloc[0] >= 0.9 > sweep["sla_share"].iloc[1]
+    assert max_rate_meeting(sweep, 0.9) == best
