@@ -100,11 +100,17 @@ def versions() -> dict:
     from importlib import metadata
 
     out = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    for name in ("triton", "splitfuse"):
-        try:
-            out[name if name != "splitfuse" else "engine"] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name if name != "splitfuse" else "engine"] = None
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        out["triton"] = None
+    try:
+        out["engine"] = metadata.version("splitfuse")
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH (the device machine): read pyproject
+        text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+        out["engine"] = next((ln.split('"')[1] for ln in text.splitlines() if ln.startswith("version")), None)
     return out
 
 
