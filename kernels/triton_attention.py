@@ -72,10 +72,15 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
-    q_start = tl.load(qsl_ptr + seq)
+    if QLEN_FILTER == 1:  # one program per sequence: a decode has one query
+        seq = pid
+        q_start = tl.load(qsl_ptr + seq)
+        qb = 0
+    else:
+        seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
+        q_start = tl.load(qsl_ptr + seq)
+        qb = pid - (q_start // BLOCK_Q + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    qb = pid - (q_start // BLOCK_Q + seq)
     run = qb * BLOCK_Q < q_len
     if QLEN_FILTER == 1:  # decodes only
         run = run & (q_len == 1)
@@ -188,25 +193,30 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
-                   context_lens: torch.Tensor) -> AttentionConfig:
-    """Choose tile shapes from shapes alone (no host sync): decode-only batches (T == B) get small M tiles
-    and, when B * Hkv programs cannot fill the GPU, a KV split bounded by the block table's width."""
+                   context_lens: torch.Tensor) -> list[AttentionConfig]:
+    """Launches for a batch, chosen from shapes alone (no host sync); tile shapes from an H200 sweep.
+
+    A decode-only batch (T == B) is one launch with small M tiles and, when B * Hkv programs cannot fill the
+    GPU, a KV split bounded by the block table's width. A batch with prompt chunks is two launches, decodes
+    then the rest, which measured faster than one launch with the chunks' larger tiles for everything.
+    """
     num_tokens, num_heads, _ = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
     num_seqs = context_lens.shape[0]
+    decode_m = max(16, triton.next_power_of_2(group))
     if num_tokens > num_seqs:
-        return AttentionConfig(block_m=max(64, triton.next_power_of_2(group)), block_n=64, num_warps=4,
-                               num_stages=2)
+        return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1),
+                AttentionConfig(max(64, triton.next_power_of_2(group)), 64, 4, 3, qlen_filter=2)]
     block_n = 64
     programs = num_seqs * num_kv_heads
-    sms = _sm_count(q.device)
+    target = 4 * _sm_count(q.device)
     splits = 1
-    if programs < sms:
+    if programs < target:
         max_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
-        splits = max(1, min(triton.cdiv(2 * sms, programs), max_tiles // 4, 16))
-    return AttentionConfig(block_m=max(16, triton.next_power_of_2(group)), block_n=block_n, num_warps=4,
-                           num_stages=3, num_splits=splits)
+        want = min(triton.cdiv(target, programs), max_tiles, 32)
+        splits = 1 << (want.bit_length() - 1)  # a power of two: fewer kernel variants to compile
+    return [AttentionConfig(decode_m, block_n, 4, 3, num_splits=splits)]
 
 
 def _validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -246,7 +256,7 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         return out
     block_d = triton.next_power_of_2(head_dim)
     block_q = cfg.block_m // group
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, cfg.num_splits)
+    grid = (num_seqs if cfg.qlen_filter == 1 else num_tokens // block_q + num_seqs, num_kv_heads, cfg.num_splits)
     if cfg.num_splits > 1:
         pacc = torch.empty(cfg.num_splits, num_tokens, num_heads, block_d, device=q.device, dtype=torch.float32)
         pm = torch.empty(cfg.num_splits, num_tokens, num_heads, device=q.device, dtype=torch.float32)
@@ -275,8 +285,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of a ragged mixed batch over the paged cache; see ``reference.paged_attention``."""
     _validate(q, k_cache, v_cache)
-    cfg = default_config(q, k_cache, block_tables, context_lens)
-    return paged_attention_with(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, cfg)
+    out = None
+    for cfg in default_config(q, k_cache, block_tables, context_lens):
+        out = paged_attention_with(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, cfg,
+                                   out=out)
+    return out
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -28,7 +28,7 @@ import triton  # noqa: E402  (a dev dependency: missing triton must fail this fi
 
 from kernels import reference as ref  # noqa: E402
 
-_MODULES = ("triton_attention", "triton_norm", "triton_rotary")
+_MODULES = ("triton_attention", "triton_norm", "triton_rotary", "triton_activation")
 
 
 if not _IN_PROCESS:
@@ -132,7 +132,7 @@ def test_paged_attention_decode_split(tk, poison, dtype, head_dim, splits):
     expect = ref.paged_attention(*args, 0.1)
     out = ta.paged_attention_with(*args, 0.1, ta.AttentionConfig(16, 32, 4, 1, num_splits=splits))
     assert _rel_err(out, expect) < _TOL[dtype]
-    cfg = ta.default_config(args[0], args[1], args[3], args[4])  # a CPU tensor counts one SM: no split
+    (cfg,) = ta.default_config(args[0], args[1], args[3], args[4])  # a CPU tensor counts one SM: 3 * 2 < 4
     assert cfg.num_splits == 1 and cfg.block_m == 16
 
 
@@ -192,6 +192,15 @@ def test_rotary_embedding(tk, poison, dtype, head_dim):
     assert _rel_err(q_out, q_ref) < _TOL[dtype] and _rel_err(k_out, k_ref) < _TOL[dtype]
     with pytest.raises(ValueError, match="head_dim"):
         tk["triton_rotary"].rotary_embedding(q, k, positions, cache[:, :-2])
+
+
+@pytest.mark.parametrize("dtype,width", [(torch.float32, 96), (torch.bfloat16, 2 * 1100), (torch.float16, 64)])
+def test_silu_and_mul(tk, poison, dtype, width):
+    x = torch.randn(5, width).to(dtype)
+    out = tk["triton_activation"].silu_and_mul(x)
+    expect = ref.silu_and_mul(x)
+    assert out.shape == (5, width // 2) and out.dtype == dtype
+    assert _rel_err(out, expect) < _TOL[dtype]
 
 
 def test_dispatch_uses_reference_off_cuda():
