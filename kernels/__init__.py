@@ -2,7 +2,7 @@
 
 - ``reference.py``: the PyTorch versions; the CPU path and the oracle of the tests.
 - ``triton_attention.py``: paged KV-cache write and paged attention of a ragged mixed batch (prompt chunks and
-  decodes in one launch, GQA, flash-decoding split for small decode batches).
+  decodes, GQA, flash-decoding split for small decode batches).
 - ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k.
 
 The functions below dispatch: Triton when the tensor is on a CUDA device and triton imports, else the

@@ -1,7 +1,8 @@
 """Triton paged attention over a ragged mixed batch, and the paged KV-cache write.
 
-Same functions and contracts as ``kernels/reference.py``. ``paged_attention`` runs prompt chunks and decodes
-in one launch: each program takes one KV head and a tile of BLOCK_M rows made of BLOCK_Q query tokens times
+Same functions and contracts as ``kernels/reference.py``. One kernel serves prompt chunks and decodes of a
+ragged batch (``paged_attention`` launches it twice for a mixed batch, decodes then chunks, as measured
+faster): each program takes one KV head and a tile of BLOCK_M rows made of BLOCK_Q query tokens times
 the GROUP query heads that share that KV head, so a decode of a GQA model still feeds the tensor cores, and
 a K/V tile read once serves the whole group. KV tiles of BLOCK_N tokens are gathered through the block
 table and folded in with an online softmax (flash attention), accumulating in fp32. When the batch is all
