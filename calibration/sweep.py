@@ -25,33 +25,12 @@ from calibration import plans
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def _fast_random_init(model, seed: int, std: float = 0.02) -> None:
-    """Seeded normal weights drawn on the model's device: the engine's ``random_init`` draws on the CPU (the
-    same model on any device), which costs a minute for a 13B model; timing needs random, not portable, data."""
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.zero_()
-            elif "norm" in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, std, generator=generator)
-
-
 def make_engine(model: str, dtype: str, device: str, seed: int, block_size: int, gpu_memory_utilization: float):
     """The real engine, built as ``LLMEngine`` builds itself (so the KV capacity is the engine's own)."""
-    import engine.weights
     from engine.llm import LLMEngine
 
-    original = engine.weights.random_init
-    if device.startswith("cuda"):
-        engine.weights.random_init = _fast_random_init
-    try:
-        return LLMEngine(model, dtype=DTYPES[dtype], device=device, seed=seed, block_size=block_size,
-                         gpu_memory_utilization=gpu_memory_utilization)
-    finally:
-        engine.weights.random_init = original
+    return LLMEngine(model, dtype=DTYPES[dtype], device=device, seed=seed, block_size=block_size,
+                     gpu_memory_utilization=gpu_memory_utilization)
 
 
 def _median_seconds(fn, repeats: int = 10) -> float:
@@ -182,9 +161,12 @@ def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generat
     finally:
         plans.release(sched)
     host = sched_s + update_s
+    uses_graph = getattr(llm.runner, "uses_graph", None)
     point = {"sweep": spec.sweep, "key": spec.key, **plan.features(), "run_s": float(np.median(walls)),
              "sched_s": sched_s, "update_s": update_s, "wall_s": float(np.median(walls)) + host,
              "wall_repeats": [round(w + host, 7) for w in walls]}
+    if uses_graph is not None:
+        point["graph"] = bool(uses_graph(plan))
     if gpus[0] is not None:
         point["gpu_s"] = float(np.median(gpus))
         point["gpu_repeats"] = [round(g, 7) for g in gpus]
