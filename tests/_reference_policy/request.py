@@ -1,0 +1,137 @@
+"""FROZEN ORACLE COPY (see __init__.py); do not edit.
+
+A request and its life cycle: waiting -> running (<-> preempted) -> finished."""
+
+from __future__ import annotations
+
+import enum
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestState(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+class Request:
+    """One generation request as the scheduler and the block manager see it.
+
+    The real engine passes ``prompt_token_ids``; the simulator may pass only ``num_prompt_tokens`` (then no
+    token ids are kept and a shared prefix is described by ``prefix_id``/``prefix_len`` for prefix caching).
+    ``num_computed_tokens`` counts tokens whose KV is in the cache; the last sampled token is not in it yet.
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "num_prompt_tokens", "sampling_params", "max_tokens", "arrival_time",
+        "eos_token_id", "max_model_len", "prefix_id", "prefix_len", "state", "output_token_ids",
+        "num_output_tokens", "num_computed_tokens", "num_cached_tokens", "num_registered_blocks", "block_table",
+        "num_preemptions",
+        "scheduled_time", "first_token_time", "last_token_time", "token_times", "finish_time", "finish_reason",
+        "_block_hashes",
+    )
+
+    def __init__(self, request_id, prompt_token_ids: list[int] | None = None,
+                 sampling_params: SamplingParams | None = None, arrival_time: float = 0.0, *,
+                 num_prompt_tokens: int | None = None, eos_token_id: int | None = None,
+                 max_model_len: int | None = None, prefix_id=None, prefix_len: int = 0,
+                 record_token_times: bool = True) -> None:
+        if prompt_token_ids is not None:
+            prompt_token_ids = list(prompt_token_ids)
+            num_prompt_tokens = len(prompt_token_ids)
+        if not num_prompt_tokens or num_prompt_tokens < 1:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = num_prompt_tokens
+        self.sampling_params = sampling_params = sampling_params or SamplingParams()
+        self.max_tokens = sampling_params.max_tokens
+        self.arrival_time = arrival_time
+        self.eos_token_id = eos_token_id
+        self.max_model_len = max_model_len
+        self.prefix_id = prefix_id
+        self.prefix_len = min(prefix_len, num_prompt_tokens)
+        self.state = RequestState.WAITING
+        self.output_token_ids: list[int] | None = [] if prompt_token_ids is not None else None
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at the last admission
+        self.num_registered_blocks = 0  # leading prompt blocks already published to the prefix cache
+        self.block_table: list[int] = []
+        self.num_preemptions = 0
+        self.scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.token_times: list[float] | None = [] if record_token_times else None
+        self.finish_time: float | None = None
+        self.finish_reason: str | None = None
+        self._block_hashes: list = []
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.state.name}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens to feed before the next token can be sampled (1 for a running decode)."""
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end) without copying the whole sequence."""
+        p = self.num_prompt_tokens
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
+    def block_hash(self, index: int, block_size: int):
+        """Identity of full prompt block ``index`` for prefix caching (a hash chain), or None if not shareable."""
+        hashes = self._block_hashes
+        while len(hashes) <= index:
+            i = len(hashes)
+            end = (i + 1) * block_size
+            if self.prompt_token_ids is not None:
+                parent = hashes[-1] if hashes else None
+                hashes.append(hash((parent, tuple(self.prompt_token_ids[i * block_size:end]))))
+            elif self.prefix_id is not None and end <= self.prefix_len:
+                hashes.append(hash(("prefix", self.prefix_id, i)))
+            else:
+                return None
+        return hashes[index]
+
+    def append_token(self, token_id: int | None, now: float) -> bool:
+        """Record one sampled token (None in the simulator); returns True when the request is now done."""
+        n = self.num_output_tokens = self.num_output_tokens + 1
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+        if self.token_times is not None:
+            self.token_times.append(now)
+        if token_id is not None:
+            self.output_token_ids.append(token_id)
+        if n >= self.max_tokens:
+            self.finish_reason = "length"
+        elif token_id is not None and n >= self.sampling_params.min_tokens and (
+                token_id in self.sampling_params.stop_token_ids
+                or (token_id == self.eos_token_id and not self.sampling_params.ignore_eos)):
+            self.finish_reason = "stop"
+        elif self.max_model_len is not None and self.num_prompt_tokens + n >= self.max_model_len:
+            self.finish_reason = "length"
+        else:
+            return False
+        return True
