@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.block_manager import BlockManager
+from engine.memory import num_kv_blocks_for
 from engine.request import Request
-from engine.runner import ModelRunner, default_num_kv_blocks
+from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import make_scheduler
 from engine.weights import load_model
@@ -81,26 +83,49 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
+def _configure_logging() -> None:
+    """Start-up facts (KV cache size) go to stderr at INFO unless the application configured the logger."""
+    logger = logging.getLogger("splitfuse")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("splitfuse %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 class LLMEngine:
-    """Scheduler + model runner behind ``add_request`` / ``step`` / ``abort``."""
+    """Scheduler + model runner behind ``add_request`` / ``step`` / ``abort``.
+
+    On CUDA the KV cache takes ``gpu_memory_utilization`` of the card minus the weights and the activation peak
+    of a pass of ``token_budget`` tokens (unless ``num_kv_blocks`` is given), and decode-only passes replay CUDA
+    graphs (``enforce_eager=True`` turns them off).
+    """
 
     def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
                  max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9):
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
+                 enforce_eager: bool = False):
+        _configure_logging()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         torch.manual_seed(seed)
         self.model, self.model_config, self.tokenizer = load_model(model, self.dtype, self.device, seed)
+        if hasattr(self.model, "merge_projections"):
+            self.model.merge_projections()
         config = self.model_config
         self.max_model_len = min(config.max_model_len, max_model_len or config.max_model_len)
         if num_kv_blocks is None:
-            num_kv_blocks = default_num_kv_blocks(config, block_size, self.dtype, self.device, max_num_seqs,
-                                                  self.max_model_len, gpu_memory_utilization)
+            num_kv_blocks = num_kv_blocks_for(config, block_size, self.dtype, self.device, max_num_seqs,
+                                              self.max_model_len, gpu_memory_utilization, self.model, token_budget)
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.scheduler = make_scheduler(scheduler, self.block_manager, token_budget=token_budget,
                                         max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
-        self.runner = ModelRunner(self.model, config, num_kv_blocks, block_size, self.device, self.dtype, seed)
+        self.runner = ModelRunner(self.model, config, num_kv_blocks, block_size, self.device, self.dtype, seed,
+                                  max_model_len=self.max_model_len,
+                                  max_graph_batch=min(max_num_seqs, token_budget),
+                                  use_cuda_graphs=self.device.type == "cuda" and not enforce_eager)
         self.eos_token_id = config.eos_token_id
         self.extra_eos_token_ids = config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
         self._requests: dict[str, tuple[Request, Prompt]] = {}
@@ -205,11 +230,11 @@ class LLM:
     def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
                  max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
-                 **engine_kwargs):
+                 gpu_memory_utilization: float = 0.9, **engine_kwargs):
         self.engine = LLMEngine(model, scheduler=scheduler, token_budget=token_budget, block_size=block_size,
                                 max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, dtype=dtype,
                                 device=device, seed=seed, enable_prefix_caching=enable_prefix_caching,
-                                **engine_kwargs)
+                                gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
 
     @property
     def tokenizer(self):

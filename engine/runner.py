@@ -1,67 +1,114 @@
 """ModelRunner: owns the model and its paged KV cache, turns a ``BatchPlan`` into ONE forward pass, samples.
 
-All tensor building happens in ``prepare_inputs`` (host work, vectorized), so CUDA graphs can later capture
-``execute_model`` alone.
+Host work per pass is vectorized numpy that packs every integer input into one int32 array, moved to the
+device in one copy (``pack_inputs``). Decode-only passes replay CUDA graphs (``engine.cuda_graphs``); the
+other passes run eagerly (their GEMMs are long enough to hide the launches). Sampling stays on the device; its
+``tolist`` is the one host sync of a pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
+from engine.memory import CPU_KV_CACHE_BYTES, kv_block_bytes, num_kv_blocks_for  # noqa: F401 (re-exported)
 from engine.models.config import ModelConfig
 from engine.models.layers import AttentionMetadata, KVCache
 from engine.sampler import Sampler
 from engine.scheduler import BatchPlan
 
-CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on the CPU: 1 GiB (pass num_kv_blocks to choose exactly)
-
 
 @dataclass
 class ModelInputs:
-    """A plan flattened into the tensors of one forward pass."""
+    """A plan flattened into the tensors of one forward pass (int32 views of one packed buffer)."""
 
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
     meta: AttentionMetadata
-    sample_rows: torch.Tensor  # [S] int64: the last row of each entry that samples, in plan order
+    sample_rows: torch.Tensor  # [S]: the last row of each entry that samples, in plan order
 
 
-def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one KV block across all layers (keys and values)."""
-    item = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * item
+class Layout:
+    """Where each input sits in the packed int32 buffer of a pass of ``tokens`` rows, ``seqs`` sequences, block
+    tables ``width`` wide and ``samples`` sampling rows: ids | positions | slots | context lens | qsl | tables |
+    sample rows."""
+
+    def __init__(self, tokens: int, seqs: int, width: int, samples: int):
+        self.tokens, self.seqs, self.width, self.samples = tokens, seqs, width, samples
+        self.ctx = 3 * tokens
+        self.qsl = self.ctx + seqs
+        self.tables = self.qsl + seqs + 1
+        self.rows = self.tables + seqs * width
+        self.size = self.rows + samples
+
+    def views(self, buf):
+        """(ids, positions, slots, context_lens, qsl, block_tables, sample_rows) views of ``buf``."""
+        t, s = self.tokens, self.seqs
+        return (buf[:t], buf[t:2 * t], buf[2 * t:3 * t], buf[self.ctx:self.qsl], buf[self.qsl:self.tables],
+                buf[self.tables:self.rows].reshape(s, self.width), buf[self.rows:self.size])
+
+    def inputs(self, buf: torch.Tensor) -> ModelInputs:
+        ids, pos, slots, ctx, qsl, tables, rows = self.views(buf)
+        return ModelInputs(ids, pos, AttentionMetadata(slots, tables, ctx, qsl), rows)
 
 
-def cuda_kv_cache_bytes(device: torch.device, gpu_memory_utilization: float) -> int:
-    """KV budget on a GPU: ``gpu_memory_utilization`` of the card minus what is already in use (weights).
-
-    TODO(gpu): reserve the activation peak of a profiling pass at the full token budget before this is final.
-    """
-    free, total = torch.cuda.mem_get_info(device)
-    return max(0, int(total * gpu_memory_utilization) - (total - free))
-
-
-def default_num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device,
-                          max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float = 0.9) -> int:
-    """As many blocks as the memory budget holds, but no more than ``max_num_seqs`` full-length sequences need."""
-    if device.type == "cuda":
-        budget = cuda_kv_cache_bytes(device, gpu_memory_utilization)
+def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_to: int | None = None,
+                all_rows: bool = False) -> tuple[np.ndarray, Layout]:
+    """The plan's inputs in one int32 array. ``width``: block-table width (default: the longest table).
+    ``pad_to``: for a plan of one-token entries, pad to that many one-token sequences (CUDA graph buckets);
+    padding rows write nowhere (slot -1) and attend to one cached token. ``all_rows``: no sample rows (the
+    caller takes the logits of every row)."""
+    requests = plan.requests
+    num_seqs, num_tokens = len(requests), plan.num_tokens
+    tables = [r.block_table for r in requests]
+    width = width or max(len(t) for t in tables)
+    seqs = tokens = num_seqs
+    if pad_to is not None:
+        if num_tokens != num_seqs or pad_to < num_seqs:
+            raise ValueError(f"cannot pad a pass of {num_tokens} tokens in {num_seqs} sequences to {pad_to}")
+        seqs = tokens = pad_to
     else:
-        budget = CPU_KV_CACHE_BYTES
-    blocks = budget // kv_block_bytes(config, block_size, dtype)
-    needed = max_num_seqs * -(-max_model_len // block_size)
-    num_blocks = min(blocks, needed)
-    if num_blocks < 1:
-        raise ValueError(f"no memory left for even one KV block of {block_size} tokens on {device}")
-    return num_blocks
+        tokens = num_tokens
+    samples = np.array(plan.samples, dtype=bool)
+    layout = Layout(tokens, seqs, width, 0 if all_rows else int(samples.sum()))
+    buf = np.zeros(layout.size, dtype=np.int32)
+    ids, pos, slots, ctx, qsl, bt, rows = layout.views(buf)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    starts = np.array(plan.start_positions, dtype=np.int64)
+    num_new = np.array(plan.num_new_tokens, dtype=np.int64)
+    ends = np.cumsum(num_new)
+    qsl[1:num_seqs + 1] = ends
+    if num_tokens == num_seqs:  # decodes (and one-token chunks): no per-token expansion needed
+        seq_of_token = np.arange(num_seqs)
+        positions = starts
+        ids[:num_tokens] = [r.token_ids(s, s + 1)[0] for r, s in zip(requests, plan.start_positions)]
+    else:
+        seq_of_token = np.repeat(np.arange(num_seqs), num_new)
+        positions = np.arange(num_tokens) - (ends - num_new)[seq_of_token] + starts[seq_of_token]
+        token_ids: list[int] = []
+        for r, s, n in zip(requests, plan.start_positions, plan.num_new_tokens):
+            token_ids += r.token_ids(s, s + n)
+        ids[:num_tokens] = token_ids
+    pos[:num_tokens] = positions
+    slots[:num_tokens] = bt[seq_of_token, positions // block_size] * block_size + positions % block_size
+    ctx[:num_seqs] = starts + num_new
+    if seqs > num_seqs:  # padding: one-token sequences of context 1 whose key/value is never written
+        slots[num_tokens:] = -1
+        ctx[num_seqs:] = 1
+        qsl[num_seqs + 1:] = np.arange(num_tokens + 1, tokens + 1)
+    if not all_rows:
+        rows[:] = ends[samples] - 1
+    return buf, layout
 
 
 class ModelRunner:
     def __init__(self, model: nn.Module, config: ModelConfig, num_kv_blocks: int, block_size: int = 16,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 max_model_len: int | None = None, max_graph_batch: int = 256, use_cuda_graphs: bool | None = None):
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -69,48 +116,53 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.sampler = Sampler(seed)
+        self.max_model_len = max_model_len or config.max_model_len
+        self.max_blocks = -(-self.max_model_len // block_size)  # block-table width of graph inputs
         shape = (config.num_layers, 2, num_kv_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.graphs = None
+        if use_cuda_graphs is None:
+            use_cuda_graphs = self.device.type == "cuda"
+        if use_cuda_graphs:
+            from engine.cuda_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self, max_graph_batch, capture=self.device.type == "cuda")
+
+    def to_device(self, buf: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One host-to-device copy (pinned, asynchronous) of a packed buffer, into ``out`` if given."""
+        host = torch.from_numpy(buf)
+        if self.device.type != "cuda":
+            return host if out is None else out[:host.numel()].copy_(host)
+        host = host.pin_memory()
+        if out is None:
+            return host.to(self.device, non_blocking=True)
+        return out[:host.numel()].copy_(host, non_blocking=True)
 
     def prepare_inputs(self, plan: BatchPlan) -> ModelInputs:
         """Flatten the plan: entry i feeds positions start_i .. start_i + n_i - 1 of its request."""
-        token_ids: list[int] = []
-        tables: list[list[int]] = []
-        for request, start, n in zip(plan.requests, plan.start_positions, plan.num_new_tokens):
-            token_ids += request.token_ids(start, start + n)
-            tables.append(request.block_table)
-        width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        num_new = torch.tensor(plan.num_new_tokens, dtype=torch.int64)
-        starts = torch.tensor(plan.start_positions, dtype=torch.int64)
-        query_start_loc = torch.zeros(len(tables) + 1, dtype=torch.int64)
-        torch.cumsum(num_new, 0, out=query_start_loc[1:])
-        seq_of_token = torch.repeat_interleave(torch.arange(len(tables)), num_new)
-        positions = torch.arange(len(token_ids)) - query_start_loc[seq_of_token] + starts[seq_of_token]
-        bs = self.block_size
-        slot_mapping = block_tables[seq_of_token, positions // bs].long() * bs + positions % bs
-        sample_rows = query_start_loc[1:][torch.tensor(plan.samples, dtype=torch.bool)] - 1
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
-            block_tables=block_tables.to(dev),
-            context_lens=(starts + num_new).to(torch.int32).to(dev),
-            query_start_loc=query_start_loc.to(torch.int32).to(dev),
-        )
-        return ModelInputs(torch.tensor(token_ids, dtype=torch.int64, device=dev), positions.to(dev), meta,
-                           sample_rows.to(dev))
+        buf, layout = pack_inputs(plan, self.block_size)
+        return layout.inputs(self.to_device(buf))
+
+    @torch.inference_mode()
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """Hidden states [T, hidden] of every row."""
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ModelInputs) -> torch.Tensor:
-        """The forward pass; returns logits [S, vocab] for the sampling rows only."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        return self.model.compute_logits(hidden[inputs.sample_rows])
+        """The eager forward pass; returns logits [S, vocab] for the sampling rows only."""
+        return self.model.compute_logits(self.forward(inputs)[inputs.sample_rows])
+
+    def uses_graph(self, plan: BatchPlan) -> bool:
+        return self.graphs is not None and self.graphs.fits(plan)
 
     @torch.inference_mode()
     def run(self, plan: BatchPlan) -> list[int]:
         """One pass for the plan; returns one sampled token id per entry with ``samples`` set, in plan order."""
-        logits = self.execute_model(self.prepare_inputs(plan))
+        if self.uses_graph(plan):
+            logits = self.graphs.run(plan)
+        else:
+            logits = self.execute_model(self.prepare_inputs(plan))
         sampling = [r for r, s in zip(plan.requests, plan.samples) if s]
         if not sampling:
             return []

@@ -13,6 +13,15 @@ from engine.request import Request
 _MASK = 0xFFFF_FFFF_FFFF_FFFF
 
 
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list or tensor on ``device`` without a host sync (pinned, asynchronous on CUDA): the
+    pass's one sync stays the final ``tolist``."""
+    host = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def request_seed(seed: int, output_index: int) -> int:
     """A 64-bit seed for the ``output_index``-th token of a request seeded with ``seed`` (an LCG-style mix)."""
     return (seed * 6364136223846793005 + output_index * 1442695040888963407 + 1) & _MASK
@@ -31,7 +40,7 @@ class Sampler:
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if not random_rows:
             return greedy_tokens.tolist()
-        rows = torch.tensor(random_rows, device=logits.device)
+        rows = to_device(random_rows, torch.int64, logits.device)
         picked = self._sample(logits[rows], [requests[i] for i in random_rows])
         greedy_tokens[rows] = picked
         return greedy_tokens.tolist()
@@ -62,9 +71,9 @@ class Sampler:
         params = [r.sampling_params for r in requests]
         vocab = logits.shape[-1]
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)
-        top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        temperature = to_device([p.temperature for p in params], torch.float32, device)
+        top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64, device)
+        top_p = to_device([p.top_p for p in params], torch.float32, device)
 
         sorted_logits, sorted_ids = (logits / temperature[:, None]).sort(dim=-1, descending=True)
         rank = torch.arange(vocab, device=device)
@@ -74,7 +83,7 @@ class Sampler:
         mass_before = probs.cumsum(dim=-1) - probs
         probs.masked_fill_(mass_before >= top_p[:, None], 0.0)
         cdf = probs.cumsum(dim=-1)
-        u = self._uniforms(requests).to(device)
+        u = to_device(self._uniforms(requests), torch.float32, device)
         index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)
         num_kept = (probs > 0).sum(dim=-1)
         index = torch.minimum(index, num_kept - 1)

@@ -4,6 +4,7 @@
 - ``triton_attention.py``: paged KV-cache write and paged attention of a ragged mixed batch (prompt chunks and
   decodes, GQA, flash-decoding split for small decode batches).
 - ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k.
+- ``triton_activation.py``: fused SiLU-and-multiply of a merged gate/up projection.
 
 The functions below dispatch: Triton when the tensor is on a CUDA device and triton imports, else the
 reference. Triton is imported lazily, so this package imports on machines without it.
@@ -58,3 +59,8 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                      cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``reference.rotary_embedding``."""
     return _impl("triton_rotary", q).rotary_embedding(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """See ``reference.silu_and_mul``."""
+    return _impl("triton_activation", x).silu_and_mul(x)

@@ -13,6 +13,7 @@ Shapes shared by all kernels (T = tokens in the pass, B = sequences in the pass)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -86,3 +87,9 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
     return rotate(q), rotate(k)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2I] (gate then up, a merged projection) -> silu(gate) * up [..., I]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,6 +1,7 @@
 """Building blocks shared by the model families: attention metadata, paged attention, rotary tables.
 
-Every kernel call goes through ``ops`` below, so switching to the Triton dispatcher is this one import.
+Every kernel call goes through ``ops``, the dispatcher in ``kernels``: Triton on CUDA tensors, the PyTorch
+reference elsewhere (the CPU path).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import reference as ops
+import kernels as ops
 
 ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -34,6 +35,27 @@ def activation(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
     return ACTIVATIONS[name]
+
+
+def act_and_mul(x: torch.Tensor, name: str) -> torch.Tensor:
+    """act(x[:, :I]) * x[:, I:] for a merged gate/up projection [T, 2I]; one fused kernel for silu."""
+    if name == "silu":
+        return ops.silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    return activation(name)(gate) * up
+
+
+@torch.no_grad()
+def merge_linears(*linears: nn.Linear) -> nn.Linear:
+    """One Linear whose output is the outputs of ``linears`` concatenated (one GEMM instead of several)."""
+    first = linears[0]
+    bias = first.bias is not None
+    merged = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=bias,
+                       device=first.weight.device, dtype=first.weight.dtype)
+    merged.weight.copy_(torch.cat([m.weight for m in linears]))
+    if bias:
+        merged.bias.copy_(torch.cat([m.bias for m in linears]))
+    return merged.requires_grad_(False)
 
 
 class PagedAttention(nn.Module):

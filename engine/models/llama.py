@@ -12,7 +12,16 @@ import torch
 from torch import nn
 
 from engine.models.config import ModelConfig
-from engine.models.layers import AttentionMetadata, KVCache, PagedAttention, RMSNorm, RotaryEmbedding, activation
+from engine.models.layers import (
+    AttentionMetadata,
+    KVCache,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    act_and_mul,
+    activation,
+    merge_linears,
+)
 
 
 class LlamaAttention(nn.Module):
@@ -26,12 +35,23 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.rotary = RotaryEmbedding(c.head_dim, c.max_model_len, c.rope_theta, c.rope_scaling)
         self.attn = PagedAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5)
+        self.qkv_proj: nn.Linear | None = None
+
+    def merge_projections(self) -> None:
+        """Replace q/k/v_proj by one ``qkv_proj`` (after loading: checkpoints keep the three names)."""
+        self.qkv_proj = merge_linears(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(q, k, positions)
         out = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
@@ -44,9 +64,18 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.act_name = c.hidden_act
         self.act = activation(c.hidden_act)
+        self.gate_up_proj: nn.Linear | None = None
+
+    def merge_projections(self) -> None:
+        """Replace gate/up_proj by one ``gate_up_proj`` feeding a fused act-and-multiply."""
+        self.gate_up_proj = merge_linears(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            return self.down_proj(act_and_mul(self.gate_up_proj(x), self.act_name))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -91,6 +120,13 @@ class LlamaForCausalLM(nn.Module):
         """Share the LM head with the input embedding when the config says so (again after ``to_empty``)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def merge_projections(self) -> None:
+        """Merge each layer's q/k/v and gate/up projections into single GEMMs (the runner does this after
+        loading the weights; fewer, larger GEMMs and launches)."""
+        for layer in self.model.layers:
+            layer.self_attn.merge_projections()
+            layer.mlp.merge_projections()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -1,0 +1,535 @@
+"""The GPU engine against its rooflines and against transformers, in ONE run on one card (issue 3).
+
+Run from the repository root on a CUDA machine: ``python benchmarks/engine_gpu.py [--out DIR]``. On a random-
+weight Llama-2-7B-shaped model in bf16 it measures, in this order and in this one process: the card's ceilings
+(device-to-device copy counting bytes read + written; an 8192^3 bf16 matmul on random data); decode steps
+(batch 1 and 64 at 1k context) against (weight + KV bytes) / copy bandwidth; a 2,048-token prefill against the
+matmul rate; SplitFuse passes at budget 768 against a pure prefill of the same token count; host time per pass;
+an offline run of 1,000 seeded requests (with KV-slot occupancy at peak); then, after freeing the engine,
+transformers ``generate`` on a seeded subset of whole padded batches of 64. It prints a table last and writes
+``engine_gpu_<card>.json`` under --out. Imports torch, numpy, transformers and this repository (no simpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import engine.cuda_graphs  # noqa: E402
+import engine.runner  # noqa: E402
+import engine.weights  # noqa: E402
+from engine import SamplingParams  # noqa: E402
+from engine.llm import LLMEngine  # noqa: E402
+from engine.request import Request  # noqa: E402
+from engine.scheduler import BatchPlan  # noqa: E402
+
+MODEL = "llama-2-7b"
+DEV = torch.device("cuda")
+SEED = 1234
+VOCAB = 32000  # token ids drawn in [3, VOCAB)
+
+
+def fast_random_init(model, seed: int, std: float = 0.02) -> None:
+    """Seeded normal weights drawn on the GPU (the engine's portable CPU-drawn init costs a minute for 7B)."""
+    generator = torch.Generator(device=DEV).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=generator)
+
+
+def event_ms(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def ceilings() -> dict:
+    n, m = 1 << 29, 8192  # a 1 GiB bf16 copy; an 8192^3 bf16 product; random data
+    src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    copy_ms = float(np.median(event_ms(lambda: dst.copy_(src), 20)))
+    a, b = torch.randn(m, m, device=DEV, dtype=torch.bfloat16), torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    mm_ms = float(np.median(event_ms(lambda: a @ b, 20)))
+    return {"copy_Bps": 2 * n * 2 / (copy_ms * 1e-3), "matmul_flops": 2 * m ** 3 / (mm_ms * 1e-3)}
+
+
+# ---- hand-built passes over the engine's own cache --------------------------------------------------------
+class Passes:
+    """Plans of decodes and prompt chunks over requests whose KV blocks come from the engine's block manager."""
+
+    def __init__(self, llm: LLMEngine, rng: np.random.Generator):
+        self.llm, self.rng, self.made = llm, rng, []
+
+    def request(self, prompt_len: int, outputs: int = 0) -> Request:
+        r = Request(f"bench-{len(self.made)}", self.rng.integers(3, VOCAB, prompt_len).tolist(),
+                    SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True))
+        for _ in range(outputs):
+            r.append_token(int(self.rng.integers(3, VOCAB)), 0.0)
+        assert self.llm.block_manager.allocate(r, r.num_tokens), "KV cache too small for the benchmark passes"
+        self.made.append(r)
+        return r
+
+    def plan(self, decodes: int = 0, ctx: int = 1024, chunk: int = 0, prefix: int = 0) -> BatchPlan:
+        plan = BatchPlan()
+        for _ in range(decodes):
+            r = self.request(ctx - 1, outputs=1)
+            r.num_computed_tokens = ctx - 1
+            plan.add(r, 1, decode=True)
+        if chunk:
+            r = self.request(prefix + chunk)
+            r.num_computed_tokens = prefix
+            plan.add(r, chunk, decode=False)
+        return plan
+
+    def release(self) -> None:
+        for r in self.made:
+            self.llm.block_manager.free(r)
+        self.made = []
+
+
+def time_pass(llm: LLMEngine, plan: BatchPlan, repeats: int = 20) -> dict:
+    """Median GPU ms (events around runner.run: copy in, forward, sampling) and wall ms (host clock, incl. the
+    sync) of one pass; host ms of packing its inputs alone."""
+    runner = llm.runner
+    for _ in range(3):
+        runner.run(plan)
+    torch.cuda.synchronize()
+    gpu, wall = [], []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        runner.run(plan)
+        end.record()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        gpu.append(start.elapsed_time(end))
+    graph = runner.uses_graph(plan)
+    pack = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if graph:
+            engine.runner.pack_inputs(plan, runner.block_size, width=runner.graphs.width,
+                                      pad_to=runner.graphs.bucket(plan.num_seqs), all_rows=True)
+        else:
+            engine.runner.pack_inputs(plan, runner.block_size)
+        pack.append((time.perf_counter() - t0) * 1e3)
+    return {"gpu_ms": float(np.median(gpu)), "wall_ms": float(np.median(wall)), "pack_ms": float(np.median(pack)),
+            "gpu_ms_spread": [float(np.min(gpu)), float(np.max(gpu))], "cuda_graph": graph,
+            "tokens": plan.num_tokens, "seqs": plan.num_seqs}
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    for key, kind in (("_attention_kernel", "attention"), ("_merge_splits", "attention"), ("write_kv", "write_kv"),
+                      ("rms_norm", "rms_norm"), ("rotary", "rotary"), ("silu_and_mul", "silu_and_mul"),
+                      ("gemm", "gemm"), ("gemv", "gemm"), ("nvjet", "gemm"), ("cutlass", "gemm"), ("sm90", "gemm"),
+                      ("argmax", "sampling"), ("reduce", "sampling")):
+        if key in n:
+            return kind
+    return "other"
+
+
+def breakdown(llm: LLMEngine, plan: BatchPlan, repeats: int = 5) -> dict:
+    """Kernel time per kind (torch.profiler, eager pass) against the pass's span: where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, llm.runner.graphs = llm.runner.graphs, None
+    try:
+        llm.runner.run(plan)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                llm.runner.run(plan)
+            torch.cuda.synchronize()
+    finally:
+        llm.runner.graphs = graphs
+    kinds: dict[str, float] = {}
+    count = 0
+    for evt in prof.key_averages():
+        us = evt.self_device_time_total if hasattr(evt, "self_device_time_total") else evt.self_cuda_time_total
+        if us <= 0:
+            continue
+        kind = kernel_kind(evt.key)
+        kinds[kind] = kinds.get(kind, 0.0) + us / repeats / 1e3
+        count += evt.count
+    out = {"kernel_ms": {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+           "kernel_ms_total": sum(kinds.values()), "kernels_per_pass": count / repeats,
+           "top": [(e.key[:60], round(e.self_device_time_total / repeats / 1e3, 4), e.count // repeats)
+                   for e in sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:8]]}
+    print(f"breakdown {plan.num_tokens} tokens / {plan.num_seqs} seqs: {out}", flush=True)
+    return out
+
+
+def model_bytes_and_flops(llm: LLMEngine) -> tuple[int, int]:
+    """(bytes of weights a decode step reads: everything but the embedding table; linear params per token)."""
+    weights = sum(p.numel() * p.element_size() for n, p in llm.model.named_parameters() if "embed_tokens" not in n)
+    linear = sum(p.numel() for n, p in llm.model.named_parameters()
+                 if p.dim() == 2 and "embed_tokens" not in n and "lm_head" not in n)
+    return weights, linear
+
+
+def micro(llm: LLMEngine, ceil: dict, rng: np.random.Generator) -> dict:
+    cfg = llm.model_config
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    weight_bytes, linear_params = model_bytes_and_flops(llm)
+    lm_head = cfg.hidden_size * cfg.vocab_size
+    passes = Passes(llm, rng)
+    res = {}
+
+    def attn_flops(q_lens_ctx) -> float:
+        return sum(4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * sum(range(c - q + 1, c + 1))
+                   for q, c in q_lens_ctx)
+
+    for batch in (1, 64):
+        plan = passes.plan(decodes=batch, ctx=1024)
+        t = time_pass(llm, plan)
+        nbytes = weight_bytes + batch * 1024 * kv_per_token
+        t.update(bytes=nbytes, floor_ms=nbytes / ceil["copy_Bps"] * 1e3)
+        t["frac_roofline"] = t["floor_ms"] / t["gpu_ms"]
+        res[f"decode_b{batch}_1k"] = t
+        passes.release()
+        print(f"decode batch {batch}: {t}", flush=True)
+    plan = passes.plan(chunk=2048)
+    t = time_pass(llm, plan, repeats=10)
+    flops = 2.0 * linear_params * 2048 + 2.0 * lm_head + attn_flops([(2048, 2048)])
+    t.update(flops=flops, tflops=flops / t["gpu_ms"] / 1e9)
+    t["frac_matmul"] = flops / (t["gpu_ms"] * 1e-3) / ceil["matmul_flops"]
+    res["prefill_2048"] = t
+    passes.release()
+    print(f"prefill 2048: {t}", flush=True)
+    plan = passes.plan(chunk=768)
+    res["prefill_768"] = time_pass(llm, plan)
+    passes.release()
+    for decodes, ctx in ((16, 1024), (64, 1024), (64, 256)):
+        plan = passes.plan(decodes=decodes, ctx=ctx, chunk=768 - decodes)
+        t = time_pass(llm, plan)
+        t["vs_prefill_768"] = t["gpu_ms"] / res["prefill_768"]["gpu_ms"] - 1
+        t["decode_kv_read_ms"] = decodes * ctx * kv_per_token / ceil["copy_Bps"] * 1e3
+        res[f"mixed_768_{decodes}x{ctx}"] = t
+        passes.release()
+        print(f"mixed 768 ({decodes} decodes @ {ctx}): {t}", flush=True)
+    for name, kw in (("breakdown_decode_b1", {"decodes": 1}), ("breakdown_prefill_2048", {"chunk": 2048})):
+        try:
+            res[name] = breakdown(llm, passes.plan(**kw))
+        except Exception as e:  # the profiler is a diagnosis, not a measure: keep going without it
+            res[name] = {"error": repr(e)}
+        passes.release()
+    # the same 64x1k decodes without CUDA graphs: what the graphs buy
+    plan = passes.plan(decodes=64, ctx=1024)
+    graphs, llm.runner.graphs = llm.runner.graphs, None
+    res["decode_b64_1k_eager"] = time_pass(llm, plan, repeats=10)
+    plan1 = passes.plan(decodes=1, ctx=1024)
+    res["decode_b1_1k_eager"] = time_pass(llm, plan1, repeats=10)
+    llm.runner.graphs = graphs
+    passes.release()
+    return res
+
+
+# ---- offline throughput -----------------------------------------------------------------------------------
+def workload(n: int = 1000, seed: int = SEED) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(128, 2049, n)
+    outputs = rng.integers(64, 513, n)
+    return [(rng.integers(3, VOCAB, int(p)).tolist(), int(o)) for p, o in zip(prompts, outputs)]
+
+
+class Instrument:
+    """Host clocks around schedule / pack / update, CUDA events around runner.run, KV occupancy after each step."""
+
+    def __init__(self, llm: LLMEngine):
+        self.llm = llm
+        self.sched, self.pack, self.update, self.events, self.steps = [], [], [], [], []
+        self.peak_used, self.peak_live, self.kinds = 0, 0, {"graph": 0, "eager": 0}
+        sched, runner = llm.scheduler, llm.runner
+        orig_schedule, orig_update, orig_run = sched.schedule, sched.update, runner.run
+        orig_pack = engine.runner.pack_inputs
+
+        def schedule(*a, **kw):
+            t0 = time.perf_counter()
+            plan = orig_schedule(*a, **kw)
+            self.sched.append(time.perf_counter() - t0)
+            return plan
+
+        def update(*a, **kw):
+            t0 = time.perf_counter()
+            out = orig_update(*a, **kw)
+            self.update.append(time.perf_counter() - t0)
+            bm = llm.block_manager
+            if bm.num_used_blocks >= self.peak_used:
+                self.peak_used = bm.num_used_blocks
+                self.peak_live = sum(r.num_computed_tokens for r in sched.running)
+            return out
+
+        def pack(*a, **kw):
+            t0 = time.perf_counter()
+            out = orig_pack(*a, **kw)
+            self.pack.append(time.perf_counter() - t0)
+            return out
+
+        def run(plan):
+            self.kinds["graph" if runner.uses_graph(plan) else "eager"] += 1
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = orig_run(plan)
+            end.record()
+            self.events.append((start, end))
+            return out
+
+        sched.schedule, sched.update, runner.run = schedule, update, run
+        engine.runner.pack_inputs = engine.cuda_graphs.pack_inputs = pack
+        self.restore = lambda: setattr(engine.runner, "pack_inputs", orig_pack) or setattr(
+            engine.cuda_graphs, "pack_inputs", orig_pack)
+
+    def summary(self, wall_s: float) -> dict:
+        torch.cuda.synchronize()
+        gpu = np.array([s.elapsed_time(e) for s, e in self.events]) * 1e-3
+        bs = self.llm.block_manager.block_size
+        return {"steps": len(self.events), "passes": self.kinds, "wall_s": wall_s, "gpu_s": float(gpu.sum()),
+                "exposed_host_frac": 1 - float(gpu.sum()) / wall_s,
+                "schedule_ms_median": float(np.median(self.sched)) * 1e3,
+                "update_ms_median": float(np.median(self.update)) * 1e3,
+                "pack_ms_median": float(np.median(self.pack)) * 1e3,
+                "host_ms_per_step_mean": float(np.mean(self.sched) + np.mean(self.update) + np.mean(self.pack)) * 1e3,
+                "gpu_ms_per_step_median": float(np.median(gpu)) * 1e3,
+                "kv_peak_used_blocks": self.peak_used, "kv_blocks": self.llm.block_manager.num_blocks,
+                "kv_live_tokens_at_peak": self.peak_live,
+                "kv_occupancy_at_peak": self.peak_live / max(1, self.peak_used * bs)}
+
+
+def offline(llm: LLMEngine, reqs) -> dict:
+    # warm-up: a few short requests, so Triton's per-shape compilations stay out of the timed run
+    for i in range(24):
+        llm.add_request(reqs[i][0][:100 + 37 * i], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    while llm.has_unfinished():
+        llm.step()
+    torch.cuda.synchronize()
+    inst = Instrument(llm)
+    t0 = time.perf_counter()
+    for prompt, out in reqs:
+        llm.add_request(prompt, SamplingParams(max_tokens=out, temperature=0, ignore_eos=True))
+    done = 0
+    while llm.has_unfinished():
+        done += sum(o.finished for o in llm.step())
+    wall = time.perf_counter() - t0
+    inst.restore()
+    prompt_tokens = sum(len(p) for p, _ in reqs)
+    output_tokens = sum(o for _, o in reqs)
+    res = inst.summary(wall)
+    res.update(requests=len(reqs), finished=done, req_per_s=len(reqs) / wall, output_tok_per_s=output_tokens / wall,
+               total_tok_per_s=(prompt_tokens + output_tokens) / wall, prompt_tokens=prompt_tokens,
+               output_tokens=output_tokens, preemptions=llm.scheduler.num_preemptions,
+               token_budget=llm.scheduler.token_budget, max_num_seqs=llm.scheduler.max_num_seqs)
+    return res
+
+
+# ---- transformers baseline --------------------------------------------------------------------------------
+def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time_cap_s: float = 150) -> dict:
+    import transformers
+
+    from engine.presets import PRESETS
+
+    preset = {k: v for k, v in PRESETS[MODEL].items() if k != "model_type"}
+    config = transformers.LlamaConfig(**preset, pad_token_id=0)
+    with torch.device(DEV):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                              attn_implementation="sdpa")
+    fast_random_init(model, seed)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    rng = np.random.default_rng(seed + 1)
+    order = rng.permutation(len(reqs))[:batches * batch_size]
+    out = {"transformers": transformers.__version__, "batch_size": batch_size, "batches": []}
+
+    def generate(batch):
+        longest = max(len(p) for p, _ in batch)
+        ids = torch.zeros(len(batch), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, (p, _) in enumerate(batch):  # left padding, as generate expects for decoder-only models
+            ids[i, longest - len(p):] = torch.tensor(p)
+            mask[i, longest - len(p):] = 1
+        new = max(o for _, o in batch)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(DEV), attention_mask=mask.to(DEV), max_new_tokens=new,
+                                 do_sample=False)
+        assert out.shape[1] == longest + new, "generate stopped early"
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, longest, new
+
+    generate([(reqs[0][0][:16], 4), (reqs[1][0][:9], 4)])  # warm-up
+    start = time.perf_counter()
+    for b in range(batches):
+        batch = [reqs[i] for i in order[b * batch_size:(b + 1) * batch_size]]
+        row = {"requests": len(batch), "prompt_tokens": sum(len(p) for p, _ in batch),
+               "output_tokens": sum(o for _, o in batch)}
+        try:
+            secs, longest, new = generate(batch)
+            row.update(seconds=secs, padded_prompt=longest, generated_per_row=new, micro_batch=len(batch))
+        except torch.OutOfMemoryError:  # 64 padded rows of KV may not fit an 80 GB card: halve, same requests
+            gc.collect()
+            torch.cuda.empty_cache()
+            half = len(batch) // 2
+            parts = [generate(batch[:half]), generate(batch[half:])]
+            row.update(seconds=sum(p[0] for p in parts), padded_prompt=max(p[1] for p in parts),
+                       generated_per_row=max(p[2] for p in parts), micro_batch=half, oom_at=len(batch))
+        row["req_per_s"] = row["requests"] / row["seconds"]
+        row["output_tok_per_s"] = row["output_tokens"] / row["seconds"]
+        out["batches"].append(row)
+        print(f"transformers batch {b}: {row}", flush=True)
+        if time.perf_counter() - start > time_cap_s:
+            break
+    secs = sum(r["seconds"] for r in out["batches"])
+    n = sum(r["requests"] for r in out["batches"])
+    out["req_per_s"] = n / secs
+    out["output_tok_per_s"] = sum(r["output_tokens"] for r in out["batches"]) / secs
+    out["extrapolated_s_for_all"] = len(reqs) / out["req_per_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--hf-batches", type=int, default=2)
+    ap.add_argument("--token-budget", type=int, default=2048, help="of the offline run (passes up to it)")
+    args = ap.parse_args()
+    import logging
+
+    import transformers
+    import triton
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    props = torch.cuda.get_device_properties(DEV)
+    card = props.name
+    tag = next((t for t in ("h200", "h100", "a100") if t in card.lower()), "gpu")
+    info = {"card": card, "card_memory_GiB": props.total_memory / 2**30, "sms": props.multi_processor_count,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "model": MODEL,
+            "dtype": "bfloat16"}
+    result: dict = {"info": info}
+    path = Path(args.out) / f"engine_gpu_{tag}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def dump():
+        path.write_text(json.dumps(result, indent=1, default=str))
+
+    result["ceilings"] = ceil = ceilings()
+    torch.cuda.empty_cache()
+    print(f"{card}: copy {ceil['copy_Bps'] / 1e12:.2f} TB/s, matmul {ceil['matmul_flops'] / 1e12:.0f} TFLOP/s",
+          flush=True)
+    engine.weights.random_init = fast_random_init
+    t0 = time.perf_counter()
+    llm = LLMEngine(MODEL, dtype="bfloat16", device=DEV, token_budget=args.token_budget, max_num_seqs=256,
+                    gpu_memory_utilization=0.9, seed=SEED)
+    result["startup"] = {"seconds": time.perf_counter() - t0, "num_kv_blocks": llm.block_manager.num_blocks,
+                         "block_size": llm.block_manager.block_size,
+                         "graph_buckets": getattr(llm.runner.graphs, "buckets", None),
+                         "allocated_GiB": torch.cuda.memory_allocated() / 2**30,
+                         "reserved_GiB": torch.cuda.memory_reserved() / 2**30,
+                         "free_GiB": torch.cuda.mem_get_info()[0] / 2**30}
+    print(f"startup: {result['startup']}", flush=True)
+    with torch.no_grad():
+        llm.runner.kv_cache.normal_()  # never time on zeros
+    dump()
+    rng = np.random.default_rng(SEED)
+    try:
+        result["micro"] = micro(llm, ceil, rng)
+    except Exception as e:  # keep the rest of the run
+        result["micro_error"] = repr(e)
+        print(f"micro FAILED: {e!r}", flush=True)
+    dump()
+    reqs = workload(args.requests)
+    try:
+        result["offline"] = offline(llm, reqs)
+        print(f"offline: {result['offline']}", flush=True)
+    except Exception as e:
+        result["offline_error"] = repr(e)
+        print(f"offline FAILED: {e!r}", flush=True)
+    dump()
+    runner = llm.runner  # drop every reference to the cache, graphs and weights before transformers loads
+    runner.graphs = runner.kv_cache = runner.kv_caches = runner.model = llm.model = None
+    del llm, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(f"after freeing the engine: {torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated", flush=True)
+    try:
+        result["transformers"] = hf_baseline(reqs, args.hf_batches)
+    except Exception as e:
+        result["transformers_error"] = repr(e)
+        print(f"transformers FAILED: {e!r}", flush=True)
+    dump()
+    print_table(result)
+    print(f"wrote {path}")
+
+
+def print_table(r: dict) -> None:
+    i, c, m, o, h = r["info"], r["ceilings"], r.get("micro", {}), r.get("offline", {}), r.get("transformers", {})
+    print(f"\n{i['card']} | torch {i['torch']} | triton {i['triton']} | transformers {i['transformers']} | "
+          f"{i['date']} | copy {c['copy_Bps'] / 1e12:.2f} TB/s | matmul {c['matmul_flops'] / 1e12:.0f} TFLOP/s")
+    rows = []
+    for b, target in ((1, 0.85), (64, 0.75)):
+        d = m.get(f"decode_b{b}_1k")
+        if d:
+            rows.append((f"decode step, batch {b}, 1k ctx", f"{d['gpu_ms']:.2f} ms vs floor {d['floor_ms']:.2f} ms",
+                         f"{d['frac_roofline']:.1%}", f">= {target:.0%}", d["frac_roofline"] >= target))
+    p = m.get("prefill_2048")
+    if p:
+        rows.append(("prefill 2048 tokens", f"{p['gpu_ms']:.1f} ms, {p['tflops']:.0f} TFLOP/s",
+                     f"{p['frac_matmul']:.1%}", ">= 75%", p["frac_matmul"] >= 0.75))
+    for k, v in m.items():
+        if k.startswith("mixed_768"):
+            rows.append((f"SplitFuse 768 ({k[10:]} dec) vs prefill 768",
+                         f"{v['gpu_ms']:.1f} vs {m['prefill_768']['gpu_ms']:.1f} ms", f"{v['vs_prefill_768']:+.1%}",
+                         "within 15%", abs(v["vs_prefill_768"]) <= 0.15))
+    if o and h:
+        ratio = o["req_per_s"] / h["req_per_s"]
+        rows.append(("offline 1000 req vs transformers", f"{o['req_per_s']:.2f} vs {h['req_per_s']:.3f} req/s",
+                     f"{ratio:.1f}x", ">= 10x", ratio >= 10))
+    if o:
+        rows.append(("KV slots live at peak", f"{o['kv_live_tokens_at_peak']} / {o['kv_peak_used_blocks'] * 16}",
+                     f"{o['kv_occupancy_at_peak']:.1%}", ">= 95%", o["kv_occupancy_at_peak"] >= 0.95))
+    print(f"{'measure':<40} {'measured':<36} {'value':>8} {'target':>11}  met")
+    for name, meas, val, target, ok in rows:
+        print(f"{name:<40} {meas:<36} {val:>8} {target:>11}  {'yes' if ok else 'NO'}")
+    if o:
+        print(f"offline: {o['wall_s']:.1f} s, {o['output_tok_per_s']:.0f} out tok/s, {o['total_tok_per_s']:.0f} "
+              f"tok/s, {o['steps']} steps {o['passes']}, preemptions {o['preemptions']}; host per step "
+              f"{o['host_ms_per_step_mean']:.2f} ms (sched {o['schedule_ms_median']:.2f}, pack "
+              f"{o['pack_ms_median']:.2f}, update {o['update_ms_median']:.2f}) vs GPU {o['gpu_ms_per_step_median']:.2f}"
+              f" ms median; exposed host {o['exposed_host_frac']:.1%} of wall")
+    if h:
+        print(f"transformers: {h['req_per_s']:.3f} req/s, {h['output_tok_per_s']:.0f} out tok/s over "
+              f"{len(h['batches'])} batches; 1000 requests extrapolated to {h['extrapolated_s_for_all']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
