@@ -62,6 +62,43 @@ def _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_hi, kv_end, bt_row, kc_ptr, vc_ptr, kvh, offs_n, offs_d, d_ok,
+                  qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                  BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    # KV tiles t_lo .. t_hi-1 folded into (acc, m_i, l_i) with an online softmax. Unmasked tiles lie wholly
+    # before every query of the tile (no causal or length mask, no masked loads); only the last few are masked.
+    for t in range(t_lo, t_hi):
+        n = t * BLOCK_N + offs_n
+        if MASKED:
+            n_ok = n < kv_end
+            blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+        else:
+            blk = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+            kv_mask = d_ok[None, :]
+        slot = n % BLOCK_SIZE
+        k_off = blk[:, None] * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
+        v_off = blk[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :]
+        if EVEN_D and not MASKED:
+            k = tl.load(kc_ptr + k_off)
+            v = tl.load(vc_ptr + v_off)
+        else:
+            k = tl.load(kc_ptr + k_off, mask=kv_mask, other=0.0)
+            v = tl.load(vc_ptr + v_off, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if MASKED:
+            qk = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr,
                       qk_scale, num_seqs, num_tokens, num_heads,
                       stride_qt, stride_qh, stride_ot, stride_oh,
@@ -76,17 +113,19 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
     if QLEN_FILTER == 1:  # one program per sequence: a decode has one query
         seq = pid
         q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
         qb = 0
+        run = q_len == 1
     else:
         seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
         q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
         qb = pid - (q_start // BLOCK_Q + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    run = qb * BLOCK_Q < q_len
-    if QLEN_FILTER == 1:  # decodes only
-        run = run & (q_len == 1)
-    if QLEN_FILTER == 2:  # everything but decodes
-        run = run & (q_len != 1)
+        n_qb = tl.cdiv(q_len, BLOCK_Q)
+        run = qb < n_qb
+        qb = n_qb - 1 - qb  # a sequence's last query tiles (the most keys) start first: a shorter tail
+        if QLEN_FILTER == 2:  # everything but decodes
+            run = run & (q_len != 1)
     if run:
         ctx = tl.load(ctx_ptr + seq)
         offs_m = tl.arange(0, BLOCK_M)
@@ -99,7 +138,8 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
         q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-        # Causal: this tile needs keys up to the position of its last query.
+        # Causal: this tile needs keys up to the position of its last query; tiles wholly at or before its
+        # first query's position need no mask.
         kv_end = ctx - q_len + tl.minimum(qb * BLOCK_Q + BLOCK_Q, q_len)
         n_tiles = tl.cdiv(kv_end, BLOCK_N)
         if NUM_SPLITS == 1:
@@ -109,6 +149,7 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
             per_split = tl.cdiv(n_tiles, NUM_SPLITS)
             t_lo = split * per_split
             t_hi = tl.minimum(t_lo + per_split, n_tiles)
+        t_full = tl.minimum(tl.maximum((ctx - q_len + qb * BLOCK_Q + 1) // BLOCK_N, t_lo), t_hi)
 
         # A finite start keeps exp2(m_old - m_new) defined for rows that have seen only masked keys.
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -116,24 +157,14 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         offs_n = tl.arange(0, BLOCK_N)
         bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-        for t in range(t_lo, t_hi):
-            n = t * BLOCK_N + offs_n
-            n_ok = n < kv_end
-            blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-            slot = n % BLOCK_SIZE
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(kc_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh
-                        + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(vc_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
-                        + offs_d[None, :], mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            qk = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_full, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
+                                      offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
+                                      stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, False,
+                                      PRECISION)
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_full, t_hi, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
+                                      offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
+                                      stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, True,
+                                      PRECISION)
 
         mask = row_ok[:, None] & d_ok[None, :]
         if NUM_SPLITS == 1:
@@ -208,8 +239,7 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     num_seqs = context_lens.shape[0]
     decode_m = max(16, triton.next_power_of_2(group))
     if num_tokens > num_seqs:
-        return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1),
-                AttentionConfig(max(64, triton.next_power_of_2(group)), 64, 4, 3, qlen_filter=2)]
+        return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1), CHUNK_CONFIG]
     block_n = 64
     programs = num_seqs * num_kv_heads
     sms = _sm_count(q.device)
@@ -219,6 +249,10 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
         want = min(triton.cdiv(4 * sms, programs), max_tiles, 32)
         splits = 1 << (want.bit_length() - 1)  # a power of two: fewer kernel variants to compile
     return [AttentionConfig(decode_m, block_n, 4, 3, num_splits=splits)]
+
+
+# Prompt chunks (FA2-style tiles). 128-row tiles need GROUP <= 128.
+CHUNK_CONFIG = AttentionConfig(128, 64, 8, 2, qlen_filter=2)
 
 
 def _validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

@@ -124,6 +124,18 @@ def test_paged_attention_mixed_batch(tk, poison, dtype, head_dim, block_size, he
     assert _rel_err(both, expect) < _TOL[dtype]
 
 
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16), (128, 64)])
+def test_paged_attention_long_chunks(tk, poison, block_m, block_n):
+    """Chunks spanning several query and KV tiles: unmasked tiles before the diagonal, masked ones on it."""
+    ta = tk["triton_attention"]
+    chunk, prefix, first = (int(x) for x in torch.randint(20, 90, (3,)))
+    q_lens, ctxs = [chunk, 1, first], [prefix + chunk, int(torch.randint(1, 120, ())), first]
+    args = _batch(q_lens, ctxs, 4, 2, 64, 16, torch.float32)
+    expect = ref.paged_attention(*args, 0.125)
+    out = ta.paged_attention_with(*args, 0.125, ta.AttentionConfig(block_m, block_n, 4, 1))
+    assert _rel_err(out, expect) < _TOL[torch.float32]
+
+
 @pytest.mark.parametrize("dtype,head_dim,splits", [(torch.float32, 128, 3), (torch.float16, 64, 4)])
 def test_paged_attention_decode_split(tk, poison, dtype, head_dim, splits):
     ta = tk["triton_attention"]
