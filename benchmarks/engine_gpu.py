@@ -265,7 +265,7 @@ class Instrument:
 
     def __init__(self, llm: LLMEngine):
         self.llm = llm
-        self.sched, self.pack, self.update, self.events, self.steps = [], [], [], [], []
+        self.sched, self.pack, self.update, self.events, self.steps, self.plans = [], [], [], [], [], []
         self.peak_used, self.peak_live, self.kinds = 0, 0, {"graph": 0, "eager": 0}
         sched, runner = llm.scheduler, llm.runner
         orig_schedule, orig_update, orig_run = sched.schedule, sched.update, runner.run
@@ -295,6 +295,8 @@ class Instrument:
 
         def run(plan):
             self.kinds["graph" if runner.uses_graph(plan) else "eager"] += 1
+            d = plan.num_decodes
+            self.plans.append((plan.num_tokens, d, sum(plan.start_positions[:d]) + d))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = orig_run(plan)
@@ -320,7 +322,17 @@ class Instrument:
                 "gpu_ms_per_step_median": float(np.median(gpu)) * 1e3,
                 "kv_peak_used_blocks": self.peak_used, "kv_blocks": self.llm.block_manager.num_blocks,
                 "kv_live_tokens_at_peak": self.peak_live,
-                "kv_occupancy_at_peak": self.peak_live / max(1, self.peak_used * bs)}
+                "kv_occupancy_at_peak": self.peak_live / max(1, self.peak_used * bs),
+                # per pass: (tokens, decodes, decode context, GPU ms), to see where the time goes
+                "per_pass": [(*f, round(float(g) * 1e3, 3)) for f, g in zip(self.plans, gpu)]}
+
+
+def fits_seqs(llm: LLMEngine, reqs, cap: int = 256) -> int:
+    """What a vLLM user does on seeing preemptions: cap max_num_seqs at the sequences whose mean final length
+    (prompt + output) fits the KV cache. Beyond it the cache fills and requests are preempted and recomputed."""
+    mean_len = float(np.mean([len(p) + o for p, o in reqs]))
+    bm = llm.block_manager
+    return int(min(cap, bm.num_blocks * bm.block_size // mean_len))
 
 
 def offline(llm: LLMEngine, reqs) -> dict:
@@ -421,6 +433,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--hf-batches", type=int, default=2)
     ap.add_argument("--token-budget", type=int, default=2048, help="of the offline run (passes up to it)")
+    ap.add_argument("--max-num-seqs", type=int, default=0,
+                    help="of the offline run; 0: as many as the KV cache holds at the workload's mean prompt + "
+                         "output length (fits_seqs), at most 256")
     args = ap.parse_args()
     import logging
 
@@ -468,6 +483,7 @@ def main() -> None:
         print(f"micro FAILED: {e!r}", flush=True)
     dump()
     reqs = workload(args.requests)
+    llm.scheduler.max_num_seqs = args.max_num_seqs or fits_seqs(llm, reqs)
     try:
         result["offline"] = offline(llm, reqs)
         print(f"offline: {result['offline']}", flush=True)
@@ -482,7 +498,8 @@ def main() -> None:
     torch.cuda.empty_cache()
     print(f"after freeing the engine: {torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated", flush=True)
     try:
-        result["transformers"] = hf_baseline(reqs, args.hf_batches)
+        if args.hf_batches:
+            result["transformers"] = hf_baseline(reqs, args.hf_batches)
     except Exception as e:
         result["transformers_error"] = repr(e)
         print(f"transformers FAILED: {e!r}", flush=True)

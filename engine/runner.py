@@ -8,6 +8,7 @@ other passes run eagerly (their GEMMs are long enough to hide the launches). Sam
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,8 +77,10 @@ def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_
     layout = Layout(tokens, seqs, width, 0 if all_rows else int(samples.sum()))
     buf = np.zeros(layout.size, dtype=np.int32)
     ids, pos, slots, ctx, qsl, bt, rows = layout.views(buf)
-    for i, t in enumerate(tables):
-        bt[i, :len(t)] = t
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=num_seqs)
+    # one vectorized fill (a boolean mask fills row by row, the order of the chained tables)
+    bt[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(itertools.chain.from_iterable(tables),
+                                                                   dtype=np.int32, count=int(lens.sum()))
     starts = np.array(plan.start_positions, dtype=np.int64)
     num_new = np.array(plan.num_new_tokens, dtype=np.int64)
     ends = np.cumsum(num_new)

@@ -1,0 +1,207 @@
+"""The server path against the offline pipeline on the GPU engine benchmark's workload (issue 6's GPU check).
+
+``python benchmarks/server_gpu.py [--requests 300] [--out DIR]`` on a CUDA machine. A seeded subset of
+``benchmarks/engine_gpu.py``'s 1,000 requests (prompts uniform 128-2,048, outputs uniform 64-512, the same token
+ids) runs twice, each in a fresh process with the same engine config and random-weight Llama-2-7B (bf16):
+1. offline: ``LLM.generate`` on all of them at once;
+2. server: ``splitfuse serve`` (the click command itself, in a child process) driven over HTTP by ``splitfuse
+   bench``'s closed-loop client (``engine.server.bench.run_workload``, streaming ``/v1/completions``) with one
+   client per request, so every request is in flight from the start, as in the offline run.
+Throughput is requests (and output tokens) per wall second: offline around ``generate``; server from the
+first request sent to the last token received. Both warm up on the same few short requests first. Prints a
+table last and writes ``server_gpu_<card>.json``. ``--device cpu --model tiny-llama --shrink 16`` runs the
+same plumbing on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+WARMUP = 8
+
+
+def requests(n: int, seed: int, shrink: int) -> list[tuple[list[int], int]]:
+    """``n`` of engine_gpu.py's requests, chosen by a seeded permutation."""
+    from engine_gpu import workload
+
+    reqs = workload(1000)
+    pick = np.random.default_rng(seed).permutation(len(reqs))[:n]
+    if shrink == 1:
+        return [reqs[i] for i in pick]
+    # smoke runs on a tiny model: shorter, and ids folded into a small vocabulary
+    return [([3 + t % 250 for t in reqs[i][0][:max(8, len(reqs[i][0]) // shrink)]], max(4, reqs[i][1] // shrink))
+            for i in pick]
+
+
+def engine_kwargs(a) -> dict:
+    return dict(dtype="bfloat16" if a.device == "cuda" else "float32", device=a.device, token_budget=a.token_budget,
+                max_num_seqs=a.max_num_seqs, seed=1234)
+
+
+def patch_init(device: str) -> None:
+    if device == "cuda":  # seeded weights drawn on the GPU, as engine_gpu.py does (the CPU draw takes a minute)
+        from engine_gpu import fast_random_init
+
+        import engine.weights
+        engine.weights.random_init = fast_random_init
+
+
+def run_offline(a) -> dict:
+    """Child process: LLM.generate on the workload, timed after a warm-up."""
+    patch_init(a.device)
+    from engine import SamplingParams
+    from engine.llm import LLM
+
+    reqs = requests(a.requests, a.seed, a.shrink)
+    llm = LLM(a.model, **{**engine_kwargs(a), "max_num_seqs": a.max_num_seqs or 256})
+    if not a.max_num_seqs:  # engine_gpu.py's rule on this card's KV cache; the server then gets the same number
+        from engine_gpu import fits_seqs, workload
+        llm.engine.scheduler.max_num_seqs = fits_seqs(llm.engine, workload(1000))
+    params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
+    llm.generate([p[:64] for p, _ in reqs[:WARMUP]], [params(8)] * WARMUP)
+    t0 = time.perf_counter()
+    outs = llm.generate([p for p, _ in reqs], [params(o) for _, o in reqs])
+    wall = time.perf_counter() - t0
+    assert all(len(o.token_ids) == n for o, (_, n) in zip(outs, reqs)), "an offline request fell short"
+    return {"wall_s": wall, "preemptions": llm.engine.scheduler.num_preemptions,
+            "max_num_seqs": llm.engine.scheduler.max_num_seqs, "kv_blocks": llm.engine.block_manager.num_blocks}
+
+
+def serve_child(a) -> None:
+    """Child process: ``splitfuse serve`` with the benchmark's engine config."""
+    patch_init(a.device)
+    from engine.server.cli import serve
+
+    serve.main([a.model, "--port", str(a.port), "--token-budget", str(a.token_budget), "--max-num-seqs",
+                str(a.max_num_seqs), "--device", a.device, "--dtype", engine_kwargs(a)["dtype"], "--seed", "1234"],
+               standalone_mode=True)
+
+
+def run_server(a) -> dict:
+    import httpx
+
+    from engine.server.bench import run_workload, scrape, server_delta, to_result
+    from sim.metrics import summarize
+
+    cmd = [sys.executable, __file__, "serve", *forwarded(a)]
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    url = f"http://127.0.0.1:{a.port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("the server did not come up in 600 s")
+            time.sleep(1)
+        reqs = requests(a.requests, a.seed, a.shrink)
+        model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+        def drive(batch):
+            table = SimpleNamespace(prompt_tokens=[len(p) for p, _ in batch], output_tokens=[o for _, o in batch],
+                                    arrivals=None)
+            return asyncio.run(run_workload(url, model, table, [p for p, _ in batch], len(batch), 1800))
+
+        drive([(p[:64], 8) for p, _ in reqs[:WARMUP]])
+        before = scrape(url)
+        t0 = time.perf_counter()
+        records = drive(reqs)
+        wall = time.perf_counter() - t0
+        stats = server_delta(before, scrape(url))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    failed = [r for r in records if r.error is not None]
+    short = [r.id for r in records if r.error is None and r.output_tokens != r.max_tokens]
+    span = max(r.chunk_times[-1] for r in records if r.chunk_times) - min(r.arrival for r in records)
+    summary = summarize(to_result(records, a.seed, stats))
+    return {"wall_s": wall, "span_s": span, "failed": len(failed), "short": short,
+            "errors": [r.error for r in failed[:3]], "server": stats,
+            "summary": {k: v for k, v in summary.items() if isinstance(v, (int, float))}}
+
+
+def forwarded(a) -> list[str]:
+    return ["--model", a.model, "--device", a.device, "--requests", str(a.requests), "--seed", str(a.seed),
+            "--shrink", str(a.shrink), "--token-budget", str(a.token_budget), "--max-num-seqs", str(a.max_num_seqs),
+            "--port", str(a.port)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("role", nargs="?", default="main", choices=["main", "offline", "serve"])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--model", default="llama-2-7b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--shrink", type=int, default=1, help="divide prompt and output lengths (CPU smoke runs)")
+    ap.add_argument("--token-budget", type=int, default=2048)
+    ap.add_argument("--max-num-seqs", type=int, default=0, help="0: as engine_gpu.py chooses (fits_seqs)")
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--result", default=None, help="offline role: where to write its JSON")
+    a = ap.parse_args()
+    if a.role == "offline":
+        Path(a.result).write_text(json.dumps(run_offline(a)))
+        return
+    if a.role == "serve":
+        serve_child(a)
+        return
+    reqs = requests(a.requests, a.seed, a.shrink)
+    n_out = sum(o for _, o in reqs)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "server_gpu_offline.tmp.json"
+    subprocess.run([sys.executable, __file__, "offline", "--result", str(tmp), *forwarded(a)], cwd=ROOT, check=True)
+    offline = json.loads(tmp.read_text())
+    tmp.unlink()
+    a.max_num_seqs = offline["max_num_seqs"]
+    server = run_server(a)
+    card = "cpu"
+    if a.device == "cuda":
+        card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True).stdout.strip().splitlines()[0]
+    tag = next((t for t in ("h200", "h100", "a100") if t in card.lower()), a.device)
+    res = {"card": card, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "config": {k: v for k, v in vars(a).items() if k not in ("role", "out", "result")},
+           "prompt_tokens": sum(len(p) for p, _ in reqs), "output_tokens": n_out, "offline": offline,
+           "server_run": server}
+    for k, r in (("offline", offline), ("server", server)):
+        res[f"{k}_req_per_s"] = a.requests / r["wall_s"]
+        res[f"{k}_out_tok_per_s"] = n_out / r["wall_s"]
+    res["ratio"] = res["server_req_per_s"] / res["offline_req_per_s"]
+    (out_dir / f"server_gpu_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"\n{card} | {a.requests} requests ({res['prompt_tokens']} prompt, {n_out} output tokens) | "
+          f"budget {a.token_budget}, max_num_seqs {a.max_num_seqs}")
+    print(f"offline LLM.generate : {offline['wall_s']:.1f} s, {res['offline_req_per_s']:.2f} req/s, "
+          f"{res['offline_out_tok_per_s']:.0f} out tok/s, preemptions {offline['preemptions']}")
+    print(f"server (HTTP, {a.requests} clients): {server['wall_s']:.1f} s, {res['server_req_per_s']:.2f} req/s, "
+          f"{res['server_out_tok_per_s']:.0f} out tok/s, failed {server['failed']}, short {len(server['short'])}, "
+          f"server stats {server['server']}")
+    print(f"server / offline = {res['ratio']:.1%} (target >= 90%): {'met' if res['ratio'] >= 0.9 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
