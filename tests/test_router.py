@@ -124,6 +124,7 @@ def test_killed_replica_loses_no_request_silently(router):
     state = replicas(router)[1]
     assert not state["healthy"] and state["dead"]
     for i in range(6):  # the rest keep serving
-        r = httpx.post(router + "/v1/completions", json={"model": MODEL, "prompt": [7, i + 3], "max_tokens": 3},
+        r = httpx.post(router + "/v1/completions", json={"model": MODEL, "prompt": [7, i + 3], "max_tokens": 3,
+                                                            "ignore_eos": True},
                        timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3

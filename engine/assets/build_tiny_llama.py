@@ -28,6 +28,11 @@ SEED = 0
 STEPS = 400
 
 
+# A plain template so the chat endpoint renders messages the way a real chat model's tokenizer does.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}" \
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+
+
 def build(out_dir: Path) -> None:
     import torch
     import transformers
@@ -45,6 +50,7 @@ def build(out_dir: Path) -> None:
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                                      pad_token="<pad>")
+    tokenizer.chat_template = CHAT_TEMPLATE
 
     torch.manual_seed(SEED)
     config = transformers.AutoConfig.for_model(preset.pop("model_type"), **preset, pad_token_id=0,
