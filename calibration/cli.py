@@ -67,6 +67,8 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="With --check: also write latency and throughput plots (HTML, PNG if possible) here.")
 @click.option("--time-budget", type=click.FloatRange(min=1), help="Stop measuring new passes after this many s.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Measure each pass this many times, at different times (a rerun adds rounds).")
 @click.option("--max-points", type=click.IntRange(min=1), help="Measure at most this many passes (smoke runs).")
 @click.option("--device", default="cuda", show_default=True, help="Torch device (cpu only for smoke runs).")
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
@@ -74,7 +76,7 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, max_points, device, block_size,
+def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, rounds, max_points, device, block_size,
             gpu_memory_utilization, seed, no_fit, no_progress):
     """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points), or --check FILE."""
     from calibration.profile import load_profile
@@ -123,7 +125,7 @@ def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, m
     try:
         header, points = run_sweep(model, dtype, points_path, device=device, seed=seed, block_size=block_size,
                                    gpu_memory_utilization=gpu_memory_utilization, time_budget_s=time_budget,
-                                   max_points=max_points, progress=not no_progress)
+                                   max_points=max_points, progress=not no_progress, rounds=rounds)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(points)} points in {points_path}")

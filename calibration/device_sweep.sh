@@ -16,7 +16,7 @@ for model in "$@"; do
     # --max-points is not used: the time budget bounds each model; the shuffled order keeps coverage even
     timeout $((budget + 150)) python3 -c "from calibration.cli import profile; profile()" \
         --model "$model" --dtype "${DTYPE:-bf16}" --device "${DEVICE:-cuda}" --out "calibration/profiles/$model.json" --time-budget "$budget" \
-        --no-fit --no-progress 2>&1 | grep -v "^\s*$" | tail -25 | tee -a "$out/sweep.log"
+        --no-fit --no-progress --rounds "${ROUNDS:-1}" 2>&1 | grep -v "^\s*$" | tail -25 | tee -a "$out/sweep.log"
     echo "$model: $((SECONDS - start)) s" | tee -a "$out/sweep.log"
     cp "$points" "$out/" 2>/dev/null
 done

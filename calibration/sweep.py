@@ -178,8 +178,10 @@ def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generat
 
 
 def read_points(path: Path) -> tuple[dict | None, list[dict]]:
-    """(header, points) of a JSONL points file; a torn last line (killed mid-write) is dropped."""
-    header, points = None, []
+    """(header, points) of a JSONL points file. Rounds of the same pass (measured at different times, so a
+    slow spell of the host or the card does not decide a point alone) merge into one point over all repeats.
+    A torn last line (killed mid-write) is dropped."""
+    header, points = None, {}
     if not path.exists():
         return None, []
     for line in path.read_text().splitlines():
@@ -189,17 +191,24 @@ def read_points(path: Path) -> tuple[dict | None, list[dict]]:
             continue
         if "header" in row:
             header = row["header"]
+        elif row["key"] not in points:
+            points[row["key"]] = {**row, "rounds": 1}
         else:
-            points.append(row)
-    return header, points
+            p = points[row["key"]]
+            p["rounds"] += 1
+            for name in ("wall", "gpu"):
+                if f"{name}_repeats" in row and f"{name}_repeats" in p:
+                    p[f"{name}_repeats"] = p[f"{name}_repeats"] + row[f"{name}_repeats"]
+                    p[f"{name}_s"] = float(np.median(p[f"{name}_repeats"]))
+    return header, list(points.values())
 
 
 def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda", seed: int = 0,
               block_size: int = 16, gpu_memory_utilization: float = 0.9, time_budget_s: float | None = None,
               max_points: int | None = None, progress: bool = True,
-              specs: list[plans.PassSpec] | None = None) -> tuple[dict, list[dict]]:
+              specs: list[plans.PassSpec] | None = None, rounds: int = 1) -> tuple[dict, list[dict]]:
     """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given) not yet in ``points_path``, until
-    the time budget; returns (meta, all points)."""
+    the time budget, until each is measured ``rounds`` times; returns (meta, all points)."""
     from tqdm import tqdm
 
     if dtype not in DTYPES:
@@ -224,8 +233,8 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         specs = plans.sweep_specs(llm.max_model_len, bm.num_blocks, bm.block_size, seed=seed)
     if max_points is not None:
         specs = specs[:max_points]
-    keys = {p["key"] for p in done}
-    todo = [s for s in specs if s.key not in keys]
+    count = {p["key"]: p["rounds"] for p in done}
+    todo = [s for s in specs if count.get(s.key, 0) < rounds]
     timer = PointTimer(llm.runner, dev)
     rng = np.random.default_rng(seed + 1)
     _warm_up(llm, timer, rng)
@@ -234,11 +243,9 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         for spec in tqdm(todo, desc=f"profile {model}", disable=not progress, unit="pass"):
             if time_budget_s is not None and time.monotonic() - start > time_budget_s:
                 break
-            point = measure(llm, spec, timer, rng)
-            f.write(json.dumps(point) + "\n")
+            f.write(json.dumps(measure(llm, spec, timer, rng)) + "\n")
             f.flush()
-            done.append(point)
-    return header, done
+    return header, read_points(points_path)[1]
 
 
 def _warm_up(llm, timer: PointTimer, rng: np.random.Generator) -> None:

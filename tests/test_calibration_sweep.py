@@ -35,6 +35,9 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
     _, points = _sweep(path, SPECS)  # resumes: only the new passes are measured
     assert len(points) == len(SPECS)
     assert len(path.read_text().splitlines()) == lines_before + len(SPECS) - 4
+    _, points = run_sweep("tiny-llama", "fp32", path, device="cpu", progress=False, specs=SPECS[:2], rounds=2)
+    first = next(p for p in points if p["key"] == SPECS[0].key)
+    assert first["rounds"] == 2 and len(first["wall_repeats"]) >= 6 and len(points) == len(SPECS)
     with path.open("a") as f:
         f.write('{"sweep": "decode", "torn')  # a write cut off by a kill is ignored
     assert len(read_points(path)[1]) == len(SPECS)
