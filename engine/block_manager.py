@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from engine.request import Request
 
 
@@ -23,24 +21,62 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_counts = [0] * num_blocks
         self.block_hashes: list = [None] * num_blocks
-        self.cached: dict = {}  # block hash -> block id
-        # An ordered set; front = evict first. OrderedDict because a plain dict's next(iter()) scans past the
-        # slots of keys deleted from its front, which made allocation quadratic in the number of blocks.
-        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict = {}  # block hash -> block id (exactly the blocks whose block_hashes entry is set)
+        # The free list is an ordered set (front = evict first) kept as a queue: live entries are
+        # ``_queue[_head:]`` minus removed ones, so that whole runs of blocks are taken and given back with one
+        # slice or extend, not per block. A free block taken out of the middle (a prefix-cache hit) leaves a
+        # stale entry, counted in ``_stale`` and skipped when the front reaches it; a block's stale entries
+        # always come before its live one, since blocks are only ever appended.
+        self._queue: list[int] = list(range(num_blocks))
+        self._head = 0
+        self._stale: dict[int, int] = {}
+        self._num_free = num_blocks
+        # Reference counts are kept only for blocks with a hash: a block without one is never shared, so it has
+        # count 1 when in a block table and 0 when free.
+        self._refs: dict[int, int] = {}
+        self._changes = 0  # counts calls that changed blocks, so that snapshots for inspection can be cached
+        self._view = None
+
+    @property
+    def free_blocks(self) -> dict[int, None]:
+        """The free blocks as an ordered set, first to be handed out first (a snapshot, for inspection)."""
+        return self._snapshot()[0]
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """Reference count of every block (a snapshot, for inspection)."""
+        return self._snapshot()[1]
+
+    def _snapshot(self) -> tuple[dict[int, None], list[int]]:
+        key = self._changes
+        if self._view is None or self._view[0] != key:
+            stale = dict(self._stale)
+            free = {}
+            for block in self._queue[self._head:]:
+                if stale.get(block):
+                    stale[block] -= 1
+                else:
+                    free[block] = None
+            counts = [1] * self.num_blocks
+            for block in free:
+                counts[block] = 0
+            for block, count in self._refs.items():
+                counts[block] = count
+            self._view = (key, (free, counts))
+        return self._view[1]
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return self._num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_blocks)
+        return self.num_blocks - self._num_free
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self.free_blocks) / self.num_blocks
+        return 1.0 - self._num_free / self.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -55,14 +91,18 @@ class BlockManager:
             return 0
         bs = self.block_size
         table = request.block_table
+        refs = self._refs
         for i in range((request.num_prompt_tokens - 1) // bs):
             block = self.cached.get(request.block_hash(i, bs))
             if block is None:
                 break
-            if self.ref_counts[block] == 0:
-                del self.free_blocks[block]
-            self.ref_counts[block] += 1
+            count = refs[block]
+            if count == 0:  # take it out of the free list
+                self._stale[block] = self._stale.get(block, 0) + 1
+                self._num_free -= 1
+            refs[block] = count + 1
             table.append(block)
+        self._changes += 1
         hit = len(table) * bs
         request.num_computed_tokens = hit
         request.num_cached_tokens = hit
@@ -75,20 +115,39 @@ class BlockManager:
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
         if needed <= 0:
             return True
-        free = self.free_blocks
-        if needed > len(free):
+        if needed > self._num_free:
             return False
-        ref_counts, hashes = self.ref_counts, self.block_hashes
-        popfront = free.popitem
-        for _ in range(needed):
-            block = popfront(last=False)[0]
-            old = hashes[block]
-            if old is not None:  # evict the stale cache entry of a reused block
-                hashes[block] = None
-                if self.cached.get(old) == block:
-                    del self.cached[old]
-            ref_counts[block] = 1
-            table.append(block)
+        self._num_free -= needed
+        queue, head = self._queue, self._head
+        if not self._stale:
+            blocks = queue[head:head + needed]
+            self._head = head + needed
+        else:
+            blocks = []
+            stale = self._stale
+            while len(blocks) < needed:
+                block = queue[head]
+                head += 1
+                count = stale.get(block)
+                if count:  # an entry left behind by a prefix-cache hit
+                    if count == 1:
+                        del stale[block]
+                    else:
+                        stale[block] = count - 1
+                else:
+                    blocks.append(block)
+            self._head = head
+        if self._refs:  # some blocks have hashes: evict the stale cache entries of those reused now
+            hashes, cached, refs = self.block_hashes, self.cached, self._refs
+            for block in blocks:
+                old = hashes[block]
+                if old is not None:
+                    hashes[block] = None
+                    del refs[block]
+                    if cached.get(old) == block:
+                        del cached[old]
+        table += blocks
+        self._changes += 1
         return True
 
     def register_computed(self, request: Request) -> None:
@@ -107,15 +166,30 @@ class BlockManager:
             if hashes[block] is None and h not in cached:
                 cached[h] = block
                 hashes[block] = h
+                self._refs[block] = 1  # a block without a hash is never shared: this request's alone
+                self._changes += 1
         request.num_registered_blocks = max(request.num_registered_blocks, full)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (finish, abort or preemption); tail blocks are evicted first."""
-        ref_counts, free = self.ref_counts, self.free_blocks
-        for block in reversed(request.block_table):
-            ref_counts[block] -= 1
-            if ref_counts[block] == 0:
-                free[block] = None
+        table, refs, queue = request.block_table, self._refs, self._queue
+        if not refs:  # no block has a hash, so none is shared: all go back
+            queue += reversed(table)
+            self._num_free += len(table)
+        else:
+            for block in reversed(table):
+                count = refs.get(block)
+                if count is not None:
+                    count -= 1
+                    refs[block] = count
+                    if count:
+                        continue
+                queue.append(block)
+                self._num_free += 1
+        self._changes += 1
+        if self._head > 4 * self.num_blocks:  # drop the consumed front now and then
+            del queue[:self._head]
+            self._head = 0
         request.block_table = []
         request.num_computed_tokens = 0
         request.num_registered_blocks = 0

@@ -160,11 +160,12 @@ class Scheduler:
         """Give every running decode one token (in arrival order) while budget lasts; returns budget left.
 
         ``others`` (if given) receives the running requests that are not decodes, in arrival order."""
-        # The hot loop of the simulator: BatchPlan.add and num_pending_tokens are inlined here.
+        # The hot loop of the simulator: BatchPlan.add and num_pending_tokens are inlined here, and the columns
+        # that are the same for every decode (one new token, always sampled) are filled once after the loop.
         bs = self.block_manager.block_size
         running = RequestState.RUNNING
-        requests, new_tokens, starts, samples = plan.requests, plan.num_new_tokens, plan.start_positions, plan.samples
-        num_decodes = 0
+        requests, starts = plan.requests, plan.start_positions
+        first = len(requests)
         for request in list(self.running):  # a copy: preemption edits self.running
             if budget == 0:
                 break
@@ -177,12 +178,13 @@ class Scheduler:
             # Fast path: a decode needs a new block only when its last block is full.
             if computed < len(request.block_table) * bs or self._make_room(plan, request, 1):
                 requests.append(request)
-                new_tokens.append(1)
                 starts.append(computed)
-                samples.append(True)  # a decode's one token is always the last pending one
-                num_decodes += 1
                 budget -= 1
-        plan.num_decodes += num_decodes
+        num_decodes = len(requests) - first
+        if num_decodes:
+            plan.num_new_tokens += [1] * num_decodes
+            plan.samples += [True] * num_decodes  # a decode's one token is always the last pending one
+            plan.num_decodes += num_decodes
         return budget
 
     def _admit(self, request: Request, now: float) -> None:
@@ -215,25 +217,52 @@ class Scheduler:
         ``sampled_token_ids`` has one id per entry with ``samples`` set, in plan order (None in the simulator).
         """
         bm = self.block_manager
-        caching = bm.enable_prefix_caching
         running = RequestState.RUNNING
+        requests, starts, new_tokens, samples = plan.requests, plan.start_positions, plan.num_new_tokens, plan.samples
+        finished: list[Request] = []
+        first = 0
+        if sampled_token_ids is None:
+            # The simulator's hot loop: the leading decodes with ``append_token(None, now)`` inlined. A decode
+            # has sampled before (so its first token time is set) and starts past its prompt (nothing to
+            # register for prefix caching).
+            first = d = plan.num_decodes
+            for request, start in zip(requests[:d], starts[:d]) if d < len(requests) else zip(requests, starts):
+                if request.state is not running:  # aborted while the pass ran
+                    continue
+                request.num_computed_tokens = start + 1
+                n = request.num_output_tokens = request.num_output_tokens + 1
+                request.last_token_time = now
+                times = request.token_times
+                if times is not None:
+                    times.append(now)
+                if n < request.max_tokens and (request.max_model_len is None
+                                               or request.num_prompt_tokens + n < request.max_model_len):
+                    continue
+                request.finish_reason = "length"
+                self._finish(request, now, finished)
+            if first == len(requests):
+                return finished
+        caching = bm.enable_prefix_caching
         tokens = iter(sampled_token_ids) if sampled_token_ids is not None else None
-        finished = []
-        for request, start, n, samples in zip(plan.requests, plan.start_positions, plan.num_new_tokens,
-                                              plan.samples):
-            token = next(tokens) if (samples and tokens is not None) else None
+        for i in range(first, len(requests)):
+            request, start = requests[i], starts[i]
+            sample = samples[i]
+            token = next(tokens) if (sample and tokens is not None) else None
             if request.state is not running:  # aborted while the pass ran
                 continue
-            request.num_computed_tokens = start + n
+            request.num_computed_tokens = start + new_tokens[i]
             if caching and start < request.num_prompt_tokens:
                 bm.register_computed(request)
-            if samples and request.append_token(token, now):
-                request.state = RequestState.FINISHED
-                request.finish_time = now
-                bm.free(request)
-                self.running.remove(request)
-                finished.append(request)
+            if sample and request.append_token(token, now):
+                self._finish(request, now, finished)
         return finished
+
+    def _finish(self, request: Request, now: float, finished: list[Request]) -> None:
+        request.state = RequestState.FINISHED
+        request.finish_time = now
+        self.block_manager.free(request)
+        self.running.remove(request)
+        finished.append(request)
 
 
 class SplitFuseScheduler(Scheduler):
