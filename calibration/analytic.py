@@ -37,6 +37,7 @@ ASSUMPTIONS = {
     "noise_sigma": 0.02,
     "dtype_bytes": 2,
     "block_size": 16,
+    "graph_max_batch": 512,
 }
 
 
@@ -81,6 +82,7 @@ def analytic_profile(preset: str, seed: int = 0, repeats: int = 5) -> Profile:
         points.append({"sweep": spec.sweep, "key": spec.key, **f, "wall_s": reps[repeats // 2],
                        "wall_repeats": [round(r, 7) for r in reps]})
     meta = {"model": preset, "card": a["card"], "dtype": "bf16", "tensor_parallel": 1, "kind": "analytic",
+            "graph_max_batch": a["graph_max_batch"],
             "assumptions": dict(a), "date": datetime.date.today().isoformat(),
             "copy_bandwidth_Bps": a["copy_bandwidth_Bps"], "matmul_flops": a["matmul_flops"],
             "note": "NOT MEASURED: a roofline with the stated assumptions; use a measured profile for planning"}

@@ -1,16 +1,22 @@
 """The cost model: a ``BatchPlan``'s features -> predicted seconds of one engine step.
 
-    t = g(T) + a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs + a_ps * prefill_seqs
-          + a_mix * [the pass carries prompt tokens]
+The engine runs a pass one of two ways, and each way gets its own fitted ``CostModel``:
+- ``graph``: decode-only passes (every entry one token, at most ``graph_max_batch`` of them) replay a CUDA graph;
+- ``eager``: everything else launches its kernels one by one from Python.
 
-``g`` is piecewise linear in the tokens per pass T (a sum of hinges max(0, T - knot)): flat-ish while the
-pass is bound by reading the weights, steeper once the matrix units are the limit. ``decode_context`` (sum of
-decode contexts) stands for KV bytes read, ``prefill_attention`` (sum of new tokens x context) for attention
-FLOPs, the per-sequence terms for sampling, the LM head and per-sequence kernel work, and the indicator for
-the different code path (eager instead of a replayed decode graph) of a pass that carries prompt tokens.
+A ``CostModel`` is
+    t = max(H, G)      H = f0 + f_s * num_seqs + f_t * num_tokens                       (host floor, optional)
+                       G = g(T) + a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs
+                           + a_ps * prefill_seqs                                          (device work)
+``g`` is piecewise linear in the tokens per pass T (hinges max(0, T - knot)): flat-ish while the pass is bound
+by reading the weights, steeper once the matrix units are the limit. ``decode_context`` (sum of decode contexts)
+stands for KV bytes read, ``prefill_attention`` (sum of new tokens x context) for attention FLOPs, the
+per-sequence terms for sampling, the LM head and per-sequence kernel work. ``H`` is the time the host needs to
+launch an eager pass: a small eager pass waits on Python, not on the GPU, and then extra device work is hidden
+under the launches rather than added to them (hence a max, not a sum).
 
-The fit is linear least squares on *relative* residuals (each row divided by its measured time), because the
-target is a relative error and pass times span two orders of magnitude.
+Fits minimise *relative* residuals (pass times span two orders of magnitude and the target is a relative
+error): linear least squares for ``G`` alone, then ``scipy.optimize.least_squares`` for the max form.
 """
 
 from __future__ import annotations
@@ -23,31 +29,37 @@ import numpy as np
 
 FEATURES = ("num_tokens", "prefill_tokens", "decode_tokens", "num_seqs", "prefill_seqs", "decode_context",
             "prefill_attention")
-LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs", "has_prefill")
+LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs")
+FLOOR_TERMS = ("floor", "floor_seqs", "floor_tokens")
 DEFAULT_KNOTS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
 DENSE_KNOTS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792,
                2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168)
 COARSE_KNOTS = (64, 256, 1024, 4096)
 CANDIDATE_KNOTS = {"coarse": COARSE_KNOTS, "default": DEFAULT_KNOTS, "dense": DENSE_KNOTS}
 # Terms whose coefficient is physically non-negative (work never makes a pass faster).
-NONNEGATIVE = ("intercept", "tokens", "decode_context", "prefill_attention")
+NONNEGATIVE = ("intercept", "tokens", "decode_context", "prefill_attention", "floor", "floor_seqs", "floor_tokens")
 
 
 class CostModel:
-    """Fitted coefficients over a fixed knot set; ``predict`` is plain float math (called millions of times)."""
+    """Fitted coefficients over a fixed knot set; ``predict_values`` is plain float math (called millions of
+    times). ``floor`` is None for a model without a host floor."""
 
-    __slots__ = ("knots", "coef", "_seg_base", "_seg_slope", "_dc", "_pa", "_s", "_ps", "_mix")
+    __slots__ = ("knots", "coef", "floor", "_seg_base", "_seg_slope", "_dc", "_pa", "_s", "_ps", "_f")
 
-    def __init__(self, knots: Sequence[float], coef: Mapping[str, float]) -> None:
+    def __init__(self, knots: Sequence[float], coef: Mapping[str, float],
+                 floor: Mapping[str, float] | None = None) -> None:
         knots = [float(k) for k in knots]
         if any(b <= a for a, b in zip(knots, knots[1:])):
             raise ValueError(f"knots must be strictly increasing, got {knots}")
         missing = [n for n in term_names(knots) if n not in coef]
+        if floor is not None:
+            missing += [n for n in FLOOR_TERMS if n not in floor]
         if missing:
             raise ValueError(f"cost model coefficients missing: {', '.join(missing)}")
         self.knots = knots
         self.coef = {n: float(coef[n]) for n in term_names(knots)}
-        bad = [n for n, v in self.coef.items() if not math.isfinite(v)]
+        self.floor = None if floor is None else {n: float(floor[n]) for n in FLOOR_TERMS}
+        bad = [n for n, v in {**self.coef, **(self.floor or {})}.items() if not math.isfinite(v)]
         if bad:
             raise ValueError(f"cost model coefficients not finite: {', '.join(bad)}")
         # g(T) on segment j (knots[j-1] <= T < knots[j]) is base[j] + slope[j] * T.
@@ -60,35 +72,81 @@ class CostModel:
             self._seg_base.append(base)
             self._seg_slope.append(slope)
         c = self.coef
-        self._dc, self._pa = c["decode_context"], c["prefill_attention"]
-        self._s, self._ps, self._mix = c["num_seqs"], c["prefill_seqs"], c["has_prefill"]
+        self._dc, self._pa, self._s, self._ps = c["decode_context"], c["prefill_attention"], c["num_seqs"], \
+            c["prefill_seqs"]
+        self._f = None if self.floor is None else tuple(self.floor[n] for n in FLOOR_TERMS)
 
-    def predict_values(self, num_tokens: float, decode_context: float, prefill_attention: float,
-                       num_seqs: float, prefill_seqs: float, prefill_tokens: float) -> float:
+    def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
         j = bisect.bisect_right(self.knots, num_tokens)
         t = self._seg_base[j] + self._seg_slope[j] * num_tokens
         t += self._dc * decode_context + self._pa * prefill_attention + self._s * num_seqs
         t += self._ps * prefill_seqs
-        if prefill_tokens:
-            t += self._mix
+        f = self._f
+        if f is not None:
+            h = f[0] + f[1] * num_seqs + f[2] * num_tokens
+            if h > t:
+                return h
         return t
 
     def predict(self, f: Mapping[str, float]) -> float:
         return self.predict_values(f["num_tokens"], f["decode_context"], f["prefill_attention"], f["num_seqs"],
-                                   f["prefill_seqs"], f["prefill_tokens"])
+                                   f["prefill_seqs"])
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
-        names = term_names(self.knots)
-        return design_matrix(X, self.knots) @ np.array([self.coef[n] for n in names])
+        t = design_matrix(X, self.knots) @ np.array([self.coef[n] for n in term_names(self.knots)])
+        if self.floor is not None:
+            t = np.maximum(t, floor_matrix(X) @ np.array([self.floor[n] for n in FLOOR_TERMS]))
+        return t
 
     def to_dict(self) -> dict:
-        return {"form": "hinge-linear", "knots": self.knots, "coef": self.coef}
+        return {"form": "hinge-linear", "knots": self.knots, "coef": self.coef, "floor": self.floor}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> CostModel:
         if not isinstance(d, Mapping) or d.get("form") != "hinge-linear":
             raise ValueError(f"cost model must be a mapping with form 'hinge-linear', got {str(d)[:80]!r}")
-        return cls(d["knots"], d["coef"])
+        return cls(d["knots"], d["coef"], d.get("floor"))
+
+
+class PassModel:
+    """One ``CostModel`` per execution path, chosen per pass as the engine's runner chooses."""
+
+    __slots__ = ("graph", "eager", "graph_max_batch", "_graph", "_eager")
+
+    def __init__(self, graph: CostModel, eager: CostModel, graph_max_batch: int) -> None:
+        self.graph, self.eager, self.graph_max_batch = graph, eager, int(graph_max_batch)
+        self._graph, self._eager = graph.predict_values, eager.predict_values
+
+    def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
+        if num_tokens == num_seqs <= self.graph_max_batch:
+            return self._graph(num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs)
+        return self._eager(num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs)
+
+    def predict(self, f: Mapping[str, float]) -> float:
+        return self.predict_values(f["num_tokens"], f["decode_context"], f["prefill_attention"], f["num_seqs"],
+                                   f["prefill_seqs"])
+
+    def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
+        graph = graph_mask(X, self.graph_max_batch)
+        return np.where(graph, self.graph.predict_array(X), self.eager.predict_array(X))
+
+    def to_dict(self) -> dict:
+        return {"form": "per-path", "graph_max_batch": self.graph_max_batch, "graph": self.graph.to_dict(),
+                "eager": self.eager.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> PassModel:
+        if not isinstance(d, Mapping) or d.get("form") != "per-path":
+            raise ValueError(f"cost model must be a mapping with form 'per-path', got {str(d)[:80]!r}")
+        for key in ("graph", "eager", "graph_max_batch"):
+            if key not in d:
+                raise ValueError(f"cost model lacks {key!r}")
+        return cls(CostModel.from_dict(d["graph"]), CostModel.from_dict(d["eager"]), d["graph_max_batch"])
+
+
+def graph_mask(X: Mapping[str, np.ndarray], graph_max_batch: int) -> np.ndarray:
+    T, S = np.asarray(X["num_tokens"]), np.asarray(X["num_seqs"])
+    return (T == S) & (S <= graph_max_batch)
 
 
 def term_names(knots: Sequence[float]) -> list[str]:
@@ -99,15 +157,21 @@ def design_matrix(X: Mapping[str, np.ndarray], knots: Sequence[float]) -> np.nda
     """One row per pass, one column per term of ``term_names(knots)``."""
     T = np.asarray(X["num_tokens"], dtype=float)
     cols = [np.ones_like(T), T, *(np.maximum(0.0, T - k) for k in knots)]
-    cols += [np.asarray(X[n], dtype=float) for n in LINEAR_TERMS[:-1]]
-    cols.append((np.asarray(X["prefill_tokens"], dtype=float) > 0).astype(float))
+    cols += [np.asarray(X[n], dtype=float) for n in LINEAR_TERMS]
     return np.column_stack(cols)
 
 
-def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEFAULT_KNOTS) -> CostModel:
-    """Least squares on relative residuals; knots beyond the data (or with no data past them) are dropped,
-    and terms the data cannot identify (a feature that is constant zero) are fixed at zero."""
-    from scipy.optimize import lsq_linear
+def floor_matrix(X: Mapping[str, np.ndarray]) -> np.ndarray:
+    T = np.asarray(X["num_tokens"], dtype=float)
+    return np.column_stack([np.ones_like(T), np.asarray(X["num_seqs"], dtype=float), T])
+
+
+def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEFAULT_KNOTS,
+        floor: bool = False) -> CostModel:
+    """Least squares on relative residuals. Knots without at least two points on each side are dropped, and
+    terms the data cannot identify (a feature that is constant zero) are fixed at zero. With ``floor``, the
+    max(H, G) form is fitted, starting from the linear fit of G."""
+    from scipy.optimize import least_squares, lsq_linear
 
     y = np.asarray(y, dtype=float)
     T = np.asarray(X["num_tokens"], dtype=float)
@@ -121,30 +185,64 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     res = lsq_linear(A_rel, np.ones_like(y), bounds=(lower, np.full(lower.shape, np.inf)), method="bvls")
     coef = np.zeros(len(names))
     coef[used] = res.x / scale[used]
-    return CostModel(knots, dict(zip(names, coef.tolist())))
+    if not floor:
+        return CostModel(knots, dict(zip(names, coef.tolist())))
+
+    F = floor_matrix(X)
+    fscale = np.abs(F).max(axis=0)
+    fscale[fscale == 0] = 1.0
+    Fs, Gs = F / fscale, A[:, used] / scale[used]
+    n_f = Fs.shape[1]
+
+    def parts(theta):
+        return Fs @ theta[:n_f], Gs @ theta[n_f:]
+
+    def residual(theta):
+        h, g = parts(theta)
+        return np.maximum(h, g) / y - 1.0
+
+    def jac(theta):
+        h, g = parts(theta)
+        on_floor = (h > g)[:, None]
+        return np.hstack([np.where(on_floor, Fs, 0.0), np.where(on_floor, 0.0, Gs)]) / y[:, None]
+
+    f_lower = np.array([0.0 if n in NONNEGATIVE else -np.inf for n in FLOOR_TERMS])
+    lo = np.concatenate([f_lower, lower])
+    start = np.concatenate([[np.quantile(y, 0.1), 0.0, 0.0], res.x])
+    start = np.clip(start, lo, np.inf)
+    out = least_squares(residual, start, jac=jac, bounds=(lo, np.full(lo.shape, np.inf)), method="trf",
+                        x_scale="jac", max_nfev=500)
+    coef = np.zeros(len(names))
+    coef[used] = out.x[n_f:] / scale[used]
+    floor_coef = out.x[:n_f] / fscale
+    return CostModel(knots, dict(zip(names, coef.tolist())), dict(zip(FLOOR_TERMS, floor_coef.tolist())))
 
 
-def select_knots(X: Mapping[str, np.ndarray], y: np.ndarray, candidates: Mapping[str, Sequence[float]] = None,
-                 folds: int = 5, seed: int = 0) -> tuple[str, dict]:
-    """The knot set with the smallest cross-validated error (median + p95 / 2 of |relative error|) on the given
-    points, which must not include the held-out ones. Returns (name, {name: score})."""
-    candidates = candidates or CANDIDATE_KNOTS
+CANDIDATES = {f"{name}{'+floor' if floor else ''}": (knots, floor)
+              for name, knots in CANDIDATE_KNOTS.items() for floor in (False, True)}
+
+
+def select(X: Mapping[str, np.ndarray], y: np.ndarray, candidates: Mapping[str, tuple] | None = None,
+           folds: int = 5, seed: int = 0) -> tuple[str, dict]:
+    """The candidate (knot set, floor or not) with the smallest cross-validated error (median + p95 / 2 of
+    |relative error|) on the given points, which must not include the held-out ones. Returns (name, scores)."""
+    candidates = candidates or CANDIDATES
     y = np.asarray(y, dtype=float)
     fold = np.random.default_rng(seed).permutation(len(y)) % folds
     scores = {}
-    for name, knots in candidates.items():
+    for name, (knots, floor) in candidates.items():
         rel = np.empty(len(y))
         for k in range(folds):
             test = fold == k
             train = {n: np.asarray(v)[~test] for n, v in X.items()}
-            model = fit(train, y[~test], knots)
+            model = fit(train, y[~test], knots, floor)
             rel[test] = relative_errors(model, {n: np.asarray(v)[test] for n, v in X.items()}, y[test])
         a = np.abs(rel)
         scores[name] = float(np.median(a) + np.percentile(a, 95) / 2)
     return min(scores, key=scores.get), scores
 
 
-def relative_errors(model: CostModel, X: Mapping[str, np.ndarray], y: np.ndarray) -> np.ndarray:
+def relative_errors(model, X: Mapping[str, np.ndarray], y: np.ndarray) -> np.ndarray:
     """Signed relative errors (predicted - measured) / measured."""
     y = np.asarray(y, dtype=float)
     return model.predict_array(X) / y - 1.0

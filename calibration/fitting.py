@@ -43,12 +43,27 @@ def noise_ratios(points: Sequence[Mapping], key: str = "wall_repeats", target: s
     return [round(float(r), 5) for r in ratios]
 
 
+def fit_path(X: Mapping[str, np.ndarray], y: np.ndarray, knots, seed: int) -> tuple[cost_model.CostModel, dict]:
+    """One path's model: the given knots (no floor), or the candidate chosen by cross-validation."""
+    if knots is not None or len(y) < 25:
+        return cost_model.fit(X, y, knots or cost_model.DEFAULT_KNOTS), {"chosen": "fixed"}
+    name, scores = cost_model.select(X, y, seed=seed)
+    knots, floor = cost_model.CANDIDATES[name]
+    return cost_model.fit(X, y, knots, floor), {"chosen": name, "cv_scores": scores}
+
+
+def graph_max_batch(points: Sequence[Mapping], meta: Mapping) -> int:
+    """The largest decode batch the engine replays as a graph: seen in the points, else from the metadata."""
+    seen = [p["num_seqs"] for p in points if p.get("graph")]
+    return max(seen) if seen else int(meta.get("graph_max_batch", 0))
+
+
 def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num_kv_blocks: int,
                   max_model_len: int, *, heldout_frac: float = 0.2, seed: int = 0,
                   knots: Sequence[float] | None = None, target: str = TARGET) -> Profile:
-    """Fit on the training points, score on the held-out ones, and bundle everything into a ``Profile``.
+    """Fit each path on its training points, score on the held-out ones, and bundle it all into a ``Profile``.
 
-    Without ``knots``, the knot set is chosen by cross-validation on the training points alone."""
+    Without ``knots``, each path's form is chosen by cross-validation on its training points alone."""
     points = [dict(p) for p in points]
     if len(points) < 10:
         raise ValueError(f"only {len(points)} points: too few to fit and hold some out")
@@ -56,14 +71,21 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
         p["split"] = label
     train = [p for p in points if p["split"] == "train"]
     held = [p for p in points if p["split"] == "heldout"]
+    max_batch = graph_max_batch(points, meta)
     X_train = columns(train, cost_model.FEATURES)
     y_train = np.array([p[target] for p in train])
-    selection = None
-    if knots is None:
-        name, scores = cost_model.select_knots(X_train, y_train, seed=seed)
-        knots, selection = cost_model.CANDIDATE_KNOTS[name], {"chosen": name, "cv_scores": scores}
-    model = cost_model.fit(X_train, y_train, knots)
-    fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed, "knot_selection": selection,
+    on_graph = cost_model.graph_mask(X_train, max_batch)
+    models, selection = {}, {}
+    for path, mask in (("graph", on_graph), ("eager", ~on_graph)):
+        if mask.sum() < 3:  # a path the sweep never took: borrow the other's fit
+            continue
+        X = {n: v[mask] for n, v in X_train.items()}
+        models[path], selection[path] = fit_path(X, y_train[mask], knots, seed)
+    if not models:
+        raise ValueError("too few points on either path to fit")
+    model = cost_model.PassModel(models.get("graph") or models["eager"], models.get("eager") or models["graph"],
+                                 max_batch)
+    fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed, "selection": selection,
            "train": cost_model.error_stats(cost_model.relative_errors(model, X_train, y_train))}
     if held:
         y_held = np.array([p[target] for p in held])

@@ -11,10 +11,10 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from calibration.cost_model import FEATURES, CostModel
+from calibration.cost_model import FEATURES, PassModel
 
 FORMAT = "splitfuse-profile"
-VERSION = 1
+VERSION = 2
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -22,7 +22,7 @@ META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 class Profile:
     """Fitted cost model plus what the simulator must copy from the engine (block size, KV blocks, context)."""
 
-    def __init__(self, meta: Mapping, block_size: int, num_kv_blocks: int, max_model_len: int, model: CostModel,
+    def __init__(self, meta: Mapping, block_size: int, num_kv_blocks: int, max_model_len: int, model: PassModel,
                  *, points: list[dict] | None = None, noise: list[float] | None = None,
                  fit: Mapping | None = None) -> None:
         self.meta = dict(meta)
@@ -51,8 +51,8 @@ class Profile:
         for i in range(d, len(new)):
             n = new[i]
             prefill_attention += n * (starts[i] + n)
-        p = plan.num_prefill_tokens
-        return self._predict_values(d + p, decode_context, prefill_attention, len(new), len(new) - d, p)
+        return self._predict_values(d + plan.num_prefill_tokens, decode_context, prefill_attention, len(new),
+                                    len(new) - d)
 
     def predict(self, features: Mapping[str, float]) -> float:
         """The same from ``BatchPlan.features()``."""
@@ -113,7 +113,7 @@ class Profile:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise bad(f"{key!r} must be a positive integer, got {v!r}")
         try:
-            model = CostModel.from_dict(d["cost_model"])
+            model = PassModel.from_dict(d["cost_model"])
         except (ValueError, KeyError, TypeError) as e:
             raise bad(f"'cost_model': {e}") from None
         noise = d.get("noise", [])

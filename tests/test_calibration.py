@@ -16,10 +16,11 @@ from engine.block_manager import BlockManager
 
 KNOTS = (256.0, 1024.0)
 TRUE = {"intercept": 4e-3, "tokens": 2e-6, "hinge_0": 2.5e-5, "hinge_1": 1e-5, "decode_context": 2e-8,
-        "prefill_attention": 3e-10, "num_seqs": 1.5e-5, "prefill_seqs": 5e-5, "has_prefill": 8e-4}
+        "prefill_attention": 3e-10, "num_seqs": 1.5e-5, "prefill_seqs": 5e-5}
+GRAPH = {**TRUE, "intercept": 3e-3, "decode_context": 1.5e-8}
 
 
-def synthetic_points(model: cost_model.CostModel, seed: int = 0, noise: float = 0.002) -> list[dict]:
+def synthetic_points(model, seed: int = 0, noise: float = 0.002) -> list[dict]:
     rng = np.random.default_rng(seed)
     points = []
     for spec in plans.sweep_specs(4096, 6000, 16, seed=seed):
@@ -30,23 +31,31 @@ def synthetic_points(model: cost_model.CostModel, seed: int = 0, noise: float = 
     return points
 
 
+def truth_model() -> cost_model.PassModel:
+    return cost_model.PassModel(cost_model.CostModel(KNOTS, GRAPH), cost_model.CostModel(KNOTS, TRUE), 256)
+
+
 def synthetic_profile(**kw) -> Profile:
-    truth = cost_model.CostModel(KNOTS, TRUE)
-    meta = {"model": "synthetic", "card": "none", "dtype": "bf16", "tensor_parallel": 1, "kind": "analytic"}
-    return build_profile(synthetic_points(truth, **kw), meta, 16, 6000, 4096, knots=KNOTS)
+    meta = {"model": "synthetic", "card": "none", "dtype": "bf16", "tensor_parallel": 1, "kind": "analytic",
+            "graph_max_batch": 256}
+    return build_profile(synthetic_points(truth_model(), **kw), meta, 16, 6000, 4096, knots=KNOTS)
 
 
-def test_fit_recovers_known_parameters():
+def test_fit_recovers_known_parameters_of_each_path():
     profile = synthetic_profile()
+    assert profile.model.graph_max_batch == 256
     for name, value in TRUE.items():
-        assert profile.model.coef[name] == pytest.approx(value, rel=0.1), name
+        assert profile.model.eager.coef[name] == pytest.approx(value, rel=0.1), name
+    graph = profile.model.graph.coef  # decode-only passes: one token per sequence, so only the sum is identified
+    for name in ("intercept", "decode_context"):
+        assert graph[name] == pytest.approx(GRAPH[name], rel=0.1), name
+    assert graph["tokens"] + graph["num_seqs"] == pytest.approx(GRAPH["tokens"] + GRAPH["num_seqs"], rel=0.1)
     assert profile.fit["heldout"]["median_abs_rel_err"] < 0.005
     assert profile.fit["heldout"]["n"] > 0 and profile.fit["train"]["n"] > profile.fit["heldout"]["n"]
 
 
 def test_fit_drops_knots_without_data_and_predicts_through_segments():
-    truth = cost_model.CostModel(KNOTS, TRUE)
-    pts = [p for p in synthetic_points(truth) if p["num_tokens"] <= 900]
+    pts = [p for p in synthetic_points(cost_model.CostModel(KNOTS, TRUE)) if p["num_tokens"] <= 900]
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
     model = cost_model.fit(X, np.array([p["wall_s"] for p in pts]), (256.0, 1024.0, 100000.0))
     assert model.knots == [256.0]
@@ -54,8 +63,20 @@ def test_fit_drops_knots_without_data_and_predicts_through_segments():
     assert np.median(np.abs(rel)) < 0.01
 
 
+def test_fit_recovers_a_host_floor():
+    truth = cost_model.CostModel(KNOTS, TRUE, {"floor": 1.6e-2, "floor_seqs": 2e-5, "floor_tokens": 0.0})
+    pts = synthetic_points(truth, noise=0.001)
+    X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
+    y = np.array([p["wall_s"] for p in pts])
+    model = cost_model.fit(X, y, KNOTS, floor=True)
+    assert model.floor["floor"] == pytest.approx(1.6e-2, rel=0.05)
+    assert np.median(np.abs(cost_model.relative_errors(model, X, y))) < 0.003
+    linear = cost_model.fit(X, y, KNOTS)
+    assert np.median(np.abs(cost_model.relative_errors(linear, X, y))) > 0.01
+
+
 def test_scalar_and_vector_predictions_agree():
-    model = cost_model.CostModel(KNOTS, TRUE)
+    model = truth_model()
     pts = synthetic_points(model, noise=0.0)[:50]
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
     np.testing.assert_allclose(model.predict_array(X), [model.predict(p) for p in pts], rtol=1e-12)
@@ -92,8 +113,10 @@ def _write(tmp_path, data) -> str:
     (lambda d: d.pop("num_kv_blocks"), "num_kv_blocks"),
     (lambda d: d.update(block_size=0), "block_size"),
     (lambda d: d["meta"].pop("card"), "card"),
-    (lambda d: d["cost_model"]["coef"].pop("tokens"), "tokens"),
-    (lambda d: d["cost_model"].update(knots=[5, 3]), "increasing"),
+    (lambda d: d["cost_model"]["eager"]["coef"].pop("tokens"), "tokens"),
+    (lambda d: d["cost_model"]["graph"].update(knots=[5, 3]), "increasing"),
+    (lambda d: d["cost_model"].pop("graph_max_batch"), "graph_max_batch"),
+    (lambda d: d["cost_model"].update(form="other"), "per-path"),
     (lambda d: d.update(noise=[1.0, -2.0]), "noise"),
     (lambda d: d["points"]["rows"][0].pop(), "row 0"),
     (lambda d: d["points"]["columns"].remove("decode_context"), "decode_context"),
@@ -163,8 +186,8 @@ def test_knot_selection_by_cross_validation_finds_a_kink_coarse_knots_miss():
                                              "hinge_0": 6e-5})
     pts = synthetic_points(truth)
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
-    name, scores = cost_model.select_knots(X, np.array([p["wall_s"] for p in pts]))
-    assert name != "coarse" and scores["coarse"] > 2 * scores[name]
+    name, scores = cost_model.select(X, np.array([p["wall_s"] for p in pts]))
+    assert not name.startswith("coarse") and scores["coarse"] > 2 * scores[name]
 
 
 def test_plots_write_latency_and_throughput_html(tmp_path):
