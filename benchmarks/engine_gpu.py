@@ -403,16 +403,16 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
         batch = [reqs[i] for i in order[b * batch_size:(b + 1) * batch_size]]
         row = {"requests": len(batch), "prompt_tokens": sum(len(p) for p, _ in batch),
                "output_tokens": sum(o for _, o in batch)}
-        try:
-            secs, longest, new = generate(batch)
-            row.update(seconds=secs, padded_prompt=longest, generated_per_row=new, micro_batch=len(batch))
-        except torch.OutOfMemoryError:  # 64 padded rows of KV may not fit an 80 GB card: halve, same requests
-            gc.collect()
-            torch.cuda.empty_cache()
-            half = len(batch) // 2
-            parts = [generate(batch[:half]), generate(batch[half:])]
-            row.update(seconds=sum(p[0] for p in parts), padded_prompt=max(p[1] for p in parts),
-                       generated_per_row=max(p[2] for p in parts), micro_batch=half, oom_at=len(batch))
+        parts, size = [], len(batch)
+        while not parts:  # 64 padded rows of KV may not fit an 80 GB card: halve until they do, same requests
+            try:
+                parts = [generate(batch[i:i + size]) for i in range(0, len(batch), size)]
+            except torch.OutOfMemoryError:
+                parts, size = [], size // 2
+                gc.collect()
+                torch.cuda.empty_cache()
+        row.update(seconds=sum(p[0] for p in parts), padded_prompt=max(p[1] for p in parts),
+                   generated_per_row=max(p[2] for p in parts), micro_batch=size)
         row["req_per_s"] = row["requests"] / row["seconds"]
         row["output_tok_per_s"] = row["output_tokens"] / row["seconds"]
         out["batches"].append(row)

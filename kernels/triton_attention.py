@@ -239,7 +239,9 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     num_seqs = context_lens.shape[0]
     decode_m = max(16, triton.next_power_of_2(group))
     if num_tokens > num_seqs:
-        return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1), CHUNK_CONFIG]
+        chunk = CHUNK_CONFIG if group <= CHUNK_CONFIG.block_m else AttentionConfig(
+            triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
+        return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1), chunk]
     block_n = 64
     programs = num_seqs * num_kv_heads
     sms = _sm_count(q.device)
@@ -251,8 +253,9 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     return [AttentionConfig(decode_m, block_n, 4, 3, num_splits=splits)]
 
 
-# Prompt chunks (FA2-style tiles). 128-row tiles need GROUP <= 128.
-CHUNK_CONFIG = AttentionConfig(128, 64, 8, 2, qlen_filter=2)
+# Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
+# and 2-3 stages found all of them 5-35% slower than 64 x 64 with 4 warps and 3 stages.
+CHUNK_CONFIG = AttentionConfig(64, 64, 4, 3, qlen_filter=2)
 
 
 def _validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

@@ -195,21 +195,30 @@ class AsyncEngine:
     # -- the loop --------------------------------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        pending = None  # outputs of the last pass, handed out while the next pass runs
         while True:
             self._apply_ops()
             if not self.engine.has_unfinished():
+                if pending is not None:
+                    self._dispatch(*pending)
+                    pending = None
+                    await asyncio.sleep(0)
+                    continue
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._stepping = True
+            step = loop.run_in_executor(self._executor, self.engine.step)
+            if pending is not None:  # hand out the last pass's tokens while the GPU runs this one
+                self._dispatch(*pending)
             try:
-                outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                outputs = await step
             except Exception as e:
                 self._fail_all(e)
                 return
             finally:
                 self._stepping = False
-            self._dispatch(outputs, time.perf_counter())
+            pending = (outputs, time.perf_counter())
             await asyncio.sleep(0)  # let handlers consume, add and abort between passes
 
     def _dispatch(self, outputs, now: float) -> None:
