@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -96,19 +98,50 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
                                  f"request row {j} needs whole passes of up to {int(longest[j])} tokens")
 
 
+# Balancers whose choice depends only on the order of arrivals, never on replica state: with these, each replica
+# is an independent simulation, and replicas can run in separate processes with exactly the same results.
+STATE_FREE_BALANCERS = ("round-robin", "random")
+PARALLEL_MIN_REQUESTS = 20_000  # below this, starting worker processes costs more than it saves
+
+
 def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
-             cooldown: float = 0.0, progress: bool = False) -> SimResult:
+             cooldown: float = 0.0, progress: bool = False, workers: int | None = None) -> SimResult:
     """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
-    the statistics."""
+    the statistics.
+
+    ``workers``: processes to spread the replicas over (None: one per CPU for big open-loop runs). Only with a
+    balancer in ``STATE_FREE_BALANCERS`` and open-loop arrivals; otherwise the run stays in this process. Every
+    worker replays the whole arrival sequence and simulates its own replicas, so each request's results are
+    exactly those of the single-process run.
+    """
     costs = config.costs()
     table = workload if isinstance(workload, RequestTable) else workload.generate(seed)
     clients = workload.clients if isinstance(workload, Workload) and workload.arrivals == "closed" else 0
     n = len(table)
     if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
         raise ValueError(f"--warmup ({warmup}) and --cooldown ({cooldown}) must be shares in [0, 1) summing below 1")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
     check_fits(table, costs, config)
+    measured = (int(n * warmup), n - int(n * cooldown))
+    if workers is None:
+        workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
+    workers = min(workers, len(costs))
+    if workers > 1 and not clients and config.balancer in STATE_FREE_BALANCERS:
+        log, stats = _simulate_parallel(table, costs, config, seed, measured, workers, progress)
+    else:
+        log, stats = _run(table, costs, config, seed, measured, clients, progress)
+    return _result(log, stats, config, seed)
+
+
+def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, measured: tuple[int, int],
+         clients: int = 0, progress: bool = False, choices: list[int] | None = None,
+         own: set[int] | None = None) -> tuple[RequestLog, list[dict]]:
+    """Simulate in this process. ``choices`` (the replica of each request, decided beforehand) and ``own`` (the
+    replicas simulated here; requests for others are skipped) are for a worker of ``_simulate_parallel``."""
+    n = len(table)
     env = simpy.Environment()
-    log = RequestLog(int(n * warmup), n - int(n * cooldown))
+    log = RequestLog(*measured)
     balancer = make_balancer(config.balancer, seed)
     bar = _progress_bar(n) if progress else None
     waiters: dict[int, simpy.Event] = {}
@@ -123,7 +156,8 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
                 event.succeed()
 
     replicas = [Replica(env, i, cost, config.scheduler, config.token_budget, config.max_num_seqs,
-                        config.prefix_caching, config.noise, seed, on_finish) for i, cost in enumerate(costs)]
+                        config.prefix_caching, config.noise, seed, on_finish) if own is None or i in own else None
+                for i, cost in enumerate(costs)]
     loads = _Loads(replicas)
     choose = balancer.choose
     prompts = table.prompt_tokens.tolist()
@@ -131,15 +165,19 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     prefix_ids = table.prefix_ids.tolist() if table.prefix_ids is not None else None
     prefix_lens = table.prefix_lens.tolist() if table.prefix_lens is not None else None
 
-    def send(i: int) -> Request:
+    def send(i: int) -> None:
+        replica = replicas[choose(loads) if choices is None else choices[i]]
+        if replica is None:  # another worker's replica
+            return
         request = Request(i, None, SamplingParams(max_tokens=outputs[i], ignore_eos=True), env.now,
                           num_prompt_tokens=prompts[i],
                           prefix_id=prefix_ids[i] if prefix_ids else None,
                           prefix_len=prefix_lens[i] if prefix_lens else 0)
-        replicas[choose(loads)].submit(request)
-        return request
+        replica.submit(request)
 
     def open_loop():
+        # Workers replay every arrival (not only their own), so that the clock and the order of events at equal
+        # times are exactly those of the single-process run.
         now = 0.0
         for i, t in enumerate(table.arrivals.tolist()):
             if t > now:
@@ -162,13 +200,69 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
             env.process(client())
     else:
         env.process(open_loop())
-    env.run()
+    # The run allocates many short-lived objects and few cycles: collect the young generation less often, and
+    # leave the objects that exist before the run out of full collections.
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(thresholds[0], 50_000), *thresholds[1:])
+    try:
+        env.run()
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
     if bar is not None:
         bar.update(len(log) - bar.n)
         bar.close()
-    if len(log) != n:
-        raise RuntimeError(f"simulation ended with {n - len(log)} of {n} requests unfinished")
-    return _result(log, replicas, config, seed)
+    expected = n if own is None else sum(1 for c in choices if c in own)
+    if len(log) != expected:
+        raise RuntimeError(f"simulation ended with {expected - len(log)} of {expected} requests unfinished")
+    log.flush()
+    return log, [_replica_stats(r) for r in replicas if r is not None]
+
+
+def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, seed: int,
+                       measured: tuple[int, int], workers: int, progress: bool) -> tuple[RequestLog, list[dict]]:
+    """Decide every request's replica up front (the balancer ignores replica state), simulate the replicas in
+    ``workers`` processes (replica i in worker i % workers), and merge their logs."""
+    import multiprocessing
+
+    choose = make_balancer(config.balancer, seed).choose
+    everyone = range(len(costs))  # state-free balancers only look at how many replicas there are
+    choices = [choose(everyone) for _ in range(len(table))]
+    jobs = [(table, costs, config, seed, measured, choices, set(range(w, len(costs), workers)))
+            for w in range(workers)]
+    global _FORKED_JOBS
+    _FORKED_JOBS = jobs  # handed to forked workers by inheritance, not pickled
+    try:
+        context = multiprocessing.get_context("fork")
+        with context.Pool(workers) as pool:
+            parts = pool.map(_worker, range(workers))
+    finally:
+        _FORKED_JOBS = None
+    log = RequestLog(*measured)
+    stats = []
+    for part_log, part_stats in parts:
+        log.merge(part_log)
+        stats.extend(part_stats)
+    stats.sort(key=lambda s: s["index"])
+    if progress:
+        print(f"simulated {len(table)} requests in {workers} worker processes")
+    return log, stats
+
+
+_FORKED_JOBS: list | None = None
+
+
+def _worker(w: int) -> tuple[RequestLog, list[dict]]:
+    table, costs, config, seed, measured, choices, own = _FORKED_JOBS[w]
+    return _run(table, costs, config, seed, measured, choices=choices, own=own)
+
+
+def _replica_stats(r: Replica) -> dict:
+    """What the result keeps of a replica (plain data, so that it can come back from a worker process)."""
+    return {"index": r.index, "requests": r.num_requests, "passes": r.num_passes, "busy_time": r.busy_time,
+            "preemptions": r.scheduler.num_preemptions, "tokens_per_pass": r.tokens_per_pass,
+            "kv_times": r.kv_times, "kv_usage": r.kv_usage, "kv_blocks": r.block_manager.num_blocks}
 
 
 def _progress_bar(total: int):
@@ -177,26 +271,26 @@ def _progress_bar(total: int):
     return tqdm(total=total, unit="req", desc="simulating", leave=False)
 
 
-def _result(log: RequestLog, replicas: list[Replica], config: ClusterConfig, seed: int) -> SimResult:
+def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: int) -> SimResult:
     import pandas as pd
 
     requests = log.to_frame()
     span = float(requests["finish"].max() - requests["arrival"].min()) if len(requests) else 0.0
     rows = []
     for r in replicas:
-        rows.append({"replica": r.index, "requests": r.num_requests, "passes": r.num_passes,
-                     "busy_time": r.busy_time, "busy_share": r.busy_time / span if span else float("nan"),
-                     "preemptions": r.scheduler.num_preemptions,
-                     "mean_tokens_per_pass": (np.dot(np.arange(len(r.tokens_per_pass)), r.tokens_per_pass)
-                                              / max(r.num_passes, 1)),
-                     "mean_kv_usage": float(np.mean(r.kv_usage)) if r.kv_usage else 0.0,
-                     "peak_kv_usage": float(np.max(r.kv_usage)) if r.kv_usage else 0.0,
-                     "kv_blocks": r.block_manager.num_blocks})
-    kv = pd.DataFrame({"replica": np.repeat([r.index for r in replicas], [len(r.kv_times) for r in replicas]),
-                       "time": np.concatenate([r.kv_times for r in replicas]),
-                       "kv_usage": np.concatenate([r.kv_usage for r in replicas])})
-    width = max(len(r.tokens_per_pass) for r in replicas)
+        passes, hist, kv_usage = r["passes"], r["tokens_per_pass"], r["kv_usage"]
+        rows.append({"replica": r["index"], "requests": r["requests"], "passes": passes,
+                     "busy_time": r["busy_time"], "busy_share": r["busy_time"] / span if span else float("nan"),
+                     "preemptions": r["preemptions"],
+                     "mean_tokens_per_pass": np.dot(np.arange(len(hist)), hist) / max(passes, 1),
+                     "mean_kv_usage": float(np.mean(kv_usage)) if kv_usage else 0.0,
+                     "peak_kv_usage": float(np.max(kv_usage)) if kv_usage else 0.0,
+                     "kv_blocks": r["kv_blocks"]})
+    kv = pd.DataFrame({"replica": np.repeat([r["index"] for r in replicas], [len(r["kv_times"]) for r in replicas]),
+                       "time": np.concatenate([r["kv_times"] for r in replicas]),
+                       "kv_usage": np.concatenate([r["kv_usage"] for r in replicas])})
+    width = max(len(r["tokens_per_pass"]) for r in replicas)
     tokens = np.zeros((len(replicas), width), dtype=np.int64)
     for r in replicas:
-        tokens[r.index, :len(r.tokens_per_pass)] = r.tokens_per_pass
+        tokens[r["index"], :len(r["tokens_per_pass"])] = r["tokens_per_pass"]
     return SimResult(requests, pd.DataFrame(rows), kv, tokens, log, config, seed)

@@ -65,6 +65,16 @@ class RequestLog:
         self._pending.clear()
         self._pending_measured.clear()
 
+    def merge(self, other: RequestLog) -> None:
+        """Append the rows and gap statistics of ``other`` (a log of other replicas of the same run)."""
+        self.flush()
+        other.flush()
+        for name, column in self.columns.items():
+            column.extend(other.columns[name])
+        self.max_ewm_gap.extend(other.max_ewm_gap)
+        self.max_mean_gap.extend(other.max_mean_gap)
+        self.gaps.merge(other.gaps)
+
     def to_frame(self):
         """One row per request, sorted by id: the columns above plus ttft, tpot, e2e, queue_delay and the
         FastGen statistics ``max_ewm_gap`` and ``max_mean_gap``."""
