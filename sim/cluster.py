@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -45,18 +45,50 @@ class ClusterConfig:
         return [self.cost] * self.replicas
 
 
-@dataclass
 class SimResult:
-    """Everything one replication produced; ``requests`` is a DataFrame (one row per request)."""
+    """Everything one replication produced. ``requests`` (one row per request), ``replicas`` and ``kv`` are
+    DataFrames, built on first access (pandas is imported only then); ``columns`` holds the requests as numpy
+    columns and ``replica_rows`` the replicas as dicts."""
 
-    requests: object
-    replicas: object
-    kv: object
-    tokens_per_pass: np.ndarray  # [replica, tokens] -> passes
-    log: RequestLog
-    config: ClusterConfig
-    seed: int
-    meta: dict = field(default_factory=dict)
+    def __init__(self, columns: dict, replica_rows: list[dict], kv_parts: list[tuple], tokens_per_pass: np.ndarray,
+                 log: RequestLog, config: ClusterConfig, seed: int, meta: dict | None = None) -> None:
+        self.columns = columns
+        self.replica_rows = replica_rows
+        self.tokens_per_pass = tokens_per_pass  # [replica, tokens] -> passes
+        self.log = log
+        self.config = config
+        self.seed = seed
+        self.meta = meta or {}
+        self._kv_parts = kv_parts  # (replica, times, usages) per replica
+        self._frames: dict = {}
+
+    @property
+    def requests(self):
+        if "requests" not in self._frames:
+            import pandas as pd
+
+            self._frames["requests"] = pd.DataFrame(self.columns)
+        return self._frames["requests"]
+
+    @property
+    def replicas(self):
+        if "replicas" not in self._frames:
+            import pandas as pd
+
+            self._frames["replicas"] = pd.DataFrame(self.replica_rows)
+        return self._frames["replicas"]
+
+    @property
+    def kv(self):
+        if "kv" not in self._frames:
+            import pandas as pd
+
+            parts = self._kv_parts
+            self._frames["kv"] = pd.DataFrame({
+                "replica": np.repeat([i for i, _, _ in parts], [len(t) for _, t, _ in parts]),
+                "time": np.concatenate([t for _, t, _ in parts]),
+                "kv_usage": np.concatenate([u for _, _, u in parts])})
+        return self._frames["kv"]
 
 
 class _Loads(Sequence):
@@ -272,10 +304,8 @@ def _progress_bar(total: int):
 
 
 def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: int) -> SimResult:
-    import pandas as pd
-
-    requests = log.to_frame()
-    span = float(requests["finish"].max() - requests["arrival"].min()) if len(requests) else 0.0
+    columns = log.to_columns()
+    span = float(columns["finish"].max() - columns["arrival"].min()) if len(columns["id"]) else 0.0
     rows = []
     for r in replicas:
         passes, hist, kv_usage = r["passes"], r["tokens_per_pass"], r["kv_usage"]
@@ -286,11 +316,9 @@ def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: 
                      "mean_kv_usage": float(np.mean(kv_usage)) if kv_usage else 0.0,
                      "peak_kv_usage": float(np.max(kv_usage)) if kv_usage else 0.0,
                      "kv_blocks": r["kv_blocks"]})
-    kv = pd.DataFrame({"replica": np.repeat([r["index"] for r in replicas], [len(r["kv_times"]) for r in replicas]),
-                       "time": np.concatenate([r["kv_times"] for r in replicas]),
-                       "kv_usage": np.concatenate([r["kv_usage"] for r in replicas])})
+    kv_parts = [(r["index"], r["kv_times"], r["kv_usage"]) for r in replicas]
     width = max(len(r["tokens_per_pass"]) for r in replicas)
     tokens = np.zeros((len(replicas), width), dtype=np.int64)
     for r in replicas:
         tokens[r["index"], :len(r["tokens_per_pass"])] = r["tokens_per_pass"]
-    return SimResult(requests, pd.DataFrame(rows), kv, tokens, log, config, seed)
+    return SimResult(columns, rows, kv_parts, tokens, log, config, seed)

@@ -48,28 +48,32 @@ def parse_goodput(text: str | None) -> dict:
 
 
 def meets_fastgen_sla(df, rate: float, sla: SLA) -> np.ndarray:
-    """Boolean per request of ``df`` (a requests frame): prompt SLA and generation SLA at ``rate``."""
-    prompt_ok = df["ttft"].to_numpy() <= df["prompt_tokens"].to_numpy() / sla.prompt_tokens_per_s
+    """Boolean per request of ``df`` (a requests frame or its numpy columns): prompt SLA and generation SLA at
+    ``rate``."""
+    prompt_ok = np.asarray(df["ttft"]) <= np.asarray(df["prompt_tokens"]) / sla.prompt_tokens_per_s
     if sla.cumulative:
-        gen_ok = df["max_mean_gap"].to_numpy() <= 1.0 / rate
+        gen_ok = np.asarray(df["max_mean_gap"]) <= 1.0 / rate
     else:
-        gen_ok = df["max_ewm_gap"].to_numpy() < 1.0 / rate
+        gen_ok = np.asarray(df["max_ewm_gap"]) < 1.0 / rate
     return prompt_ok & gen_ok
 
 
 def summarize(result, sla: SLA | None = None) -> dict:
     """One flat dict of the measured requests of a ``SimResult`` (warm-up/cool-down left out)."""
     sla = sla or SLA()
-    df = result.requests
-    m = df[df["measured"]]
-    n = len(m)
+    cols = getattr(result, "columns", None)  # a SimResult's numpy columns (then pandas is never imported)
+    if cols is None:  # any result with a requests DataFrame (e.g. the server benchmark's)
+        cols = {name: result.requests[name].to_numpy() for name in result.requests.columns}
+    keep = cols["measured"]
+    m = {name: col[keep] for name, col in cols.items()}
+    n = int(keep.sum())
     span = float(m["finish"].max() - m["arrival"].min()) if n else float("nan")
     throughput = n / span if n and span > 0 else float("nan")
     out = {"seed": result.seed, "requests": n, "duration_s": span, "throughput_rps": throughput,
            "token_throughput_tps": float(m["output_tokens"].sum()) / span if n else float("nan"),
            "prompt_throughput_tps": float(m["prompt_tokens"].sum()) / span if n else float("nan")}
     for metric in ("ttft", "tpot", "e2e", "queue_delay"):
-        values = m[metric].dropna().to_numpy()
+        values = m[metric][~np.isnan(m[metric])]
         out[f"{metric}_mean"] = float(values.mean()) if values.size else float("nan")
         for q in PERCENTILES:
             out[f"{metric}_p{q}"] = float(np.percentile(values, q)) if values.size else float("nan")
@@ -86,14 +90,17 @@ def summarize(result, sla: SLA | None = None) -> dict:
     if sla.goodput:
         good = np.ones(n, dtype=bool)
         for metric, limit in sla.goodput.items():
-            good &= ~(m[metric].to_numpy() > limit)  # a NaN TPOT (one output token) passes
+            good &= ~(np.asarray(m[metric]) > limit)  # a NaN TPOT (one output token) passes
         out["goodput_rps"] = float(good.sum()) / span if n else float("nan")
         out["goodput_share"] = float(good.mean()) if n else float("nan")
-    reps = result.replicas
-    out["preemptions"] = int(reps["preemptions"].sum())
-    out["mean_busy_share"] = float(reps["busy_share"].mean())
-    out["mean_tokens_per_pass"] = float((reps["mean_tokens_per_pass"] * reps["passes"]).sum()
-                                        / max(int(reps["passes"].sum()), 1))
+    reps = getattr(result, "replica_rows", None)
+    if reps is None:
+        reps = result.replicas.to_dict("records")
+    passes = np.array([r["passes"] for r in reps])
+    out["preemptions"] = int(np.sum([r["preemptions"] for r in reps]))
+    out["mean_busy_share"] = float(np.mean([r["busy_share"] for r in reps]))
+    out["mean_tokens_per_pass"] = float(np.sum(np.array([r["mean_tokens_per_pass"] for r in reps]) * passes)
+                                        / max(int(passes.sum()), 1))
     return out
 
 

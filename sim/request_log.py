@@ -75,22 +75,28 @@ class RequestLog:
         self.max_mean_gap.extend(other.max_mean_gap)
         self.gaps.merge(other.gaps)
 
+    def to_columns(self) -> dict[str, np.ndarray]:
+        """One row per request, sorted by id, as numpy columns: the columns above plus ttft, tpot, e2e,
+        queue_delay, the FastGen statistics ``max_ewm_gap`` and ``max_mean_gap``, and ``measured``."""
+        self.flush()
+        cols = {name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)
+                for name, col in self.columns.items()}
+        cols["max_ewm_gap"] = np.frombuffer(self.max_ewm_gap, dtype=np.float64)
+        cols["max_mean_gap"] = np.frombuffer(self.max_mean_gap, dtype=np.float64)
+        order = np.argsort(cols["id"], kind="stable")
+        cols = {name: col[order] for name, col in cols.items()}
+        cols["queue_delay"] = cols["scheduled"] - cols["arrival"]
+        cols["ttft"] = cols["first_token"] - cols["arrival"]
+        cols["e2e"] = cols["finish"] - cols["arrival"]
+        out = cols["output_tokens"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["tpot"] = np.where(out > 1, (cols["e2e"] - cols["ttft"]) / np.maximum(out - 1, 1), np.nan)
+        hi = len(out) if self.measured_to is None else self.measured_to
+        cols["measured"] = (cols["id"] >= self.measured_from) & (cols["id"] < hi)
+        return cols
+
     def to_frame(self):
-        """One row per request, sorted by id: the columns above plus ttft, tpot, e2e, queue_delay and the
-        FastGen statistics ``max_ewm_gap`` and ``max_mean_gap``."""
+        """``to_columns()`` as a DataFrame."""
         import pandas as pd
 
-        self.flush()
-        df = pd.DataFrame({name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)
-                           for name, col in self.columns.items()})
-        df["max_ewm_gap"] = np.frombuffer(self.max_ewm_gap, dtype=np.float64)
-        df["max_mean_gap"] = np.frombuffer(self.max_mean_gap, dtype=np.float64)
-        df = df.sort_values("id", kind="stable").reset_index(drop=True)
-        df["queue_delay"] = df["scheduled"] - df["arrival"]
-        df["ttft"] = df["first_token"] - df["arrival"]
-        df["e2e"] = df["finish"] - df["arrival"]
-        out = df["output_tokens"]
-        df["tpot"] = np.where(out > 1, (df["e2e"] - df["ttft"]) / (out - 1).clip(lower=1), np.nan)
-        hi = len(df) if self.measured_to is None else self.measured_to
-        df["measured"] = (df["id"] >= self.measured_from) & (df["id"] < hi)
-        return df
+        return pd.DataFrame(self.to_columns())
