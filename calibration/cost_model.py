@@ -211,7 +211,7 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     start = np.concatenate([[np.quantile(y, 0.1), 0.0, 0.0], res.x])
     start = np.clip(start, lo, np.inf)
     out = least_squares(residual, start, jac=jac, bounds=(lo, np.full(lo.shape, np.inf)), method="trf",
-                        x_scale="jac", max_nfev=500)
+                        x_scale="jac", max_nfev=500, loss="soft_l1", f_scale=0.05)
     coef = np.zeros(len(names))
     coef[used] = out.x[n_f:] / scale[used]
     floor_coef = out.x[:n_f] / fscale
