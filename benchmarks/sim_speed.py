@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
 import sys
-import time
 
 CASES = {"a": (1, 10_000), "b": (100, 1_000_000)}
 
@@ -56,6 +54,9 @@ def main() -> None:
     if args.run:
         run_case(*CASES[args.run], frames=args.frames)
         return
+    import subprocess
+    import time
+
     for case in CASES if args.case == "both" else [args.case]:
         replicas, n = CASES[case]
         start = time.perf_counter()

@@ -152,8 +152,8 @@ class BlockManager:
 
     def register_computed(self, request: Request) -> None:
         """Publish the request's prompt blocks that are now full and computed, for later prefix hits."""
-        if not self.enable_prefix_caching:
-            return
+        if not self.enable_prefix_caching or (request.prompt_token_ids is None and request.prefix_id is None):
+            return  # nothing of this request is shareable (``block_hash`` is None for every block)
         bs = self.block_size
         full = min(request.num_computed_tokens, request.num_prompt_tokens) // bs
         table, hashes, cached = request.block_table, self.block_hashes, self.cached

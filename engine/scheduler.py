@@ -166,20 +166,19 @@ class Scheduler:
         running = RequestState.RUNNING
         requests, starts = plan.requests, plan.start_positions
         first = len(requests)
-        for request in list(self.running):  # a copy: preemption edits self.running
-            if budget == 0:
+        for request in self.running[:]:  # a copy: preemption edits self.running
+            if not budget:
                 break
             computed = request.num_computed_tokens
-            if request.state is not running or request.num_output_tokens == 0 \
-                    or request.num_prompt_tokens + request.num_output_tokens - computed != 1:
-                if others is not None:
-                    others.append(request)
-                continue
-            # Fast path: a decode needs a new block only when its last block is full.
-            if computed < len(request.block_table) * bs or self._make_room(plan, request, 1):
-                requests.append(request)
-                starts.append(computed)
-                budget -= 1
+            output = request.num_output_tokens
+            if output and request.num_prompt_tokens + output - computed == 1 and request.state is running:
+                # Fast path: a decode needs a new block only when its last block is full.
+                if computed < len(request.block_table) * bs or self._make_room(plan, request, 1):
+                    requests.append(request)
+                    starts.append(computed)
+                    budget -= 1
+            elif others is not None:
+                others.append(request)
         num_decodes = len(requests) - first
         if num_decodes:
             plan.num_new_tokens += [1] * num_decodes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -204,7 +205,8 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
         request = Request(i, None, SamplingParams(max_tokens=outputs[i], ignore_eos=True), env.now,
                           num_prompt_tokens=prompts[i],
                           prefix_id=prefix_ids[i] if prefix_ids else None,
-                          prefix_len=prefix_lens[i] if prefix_lens else 0)
+                          prefix_len=prefix_lens[i] if prefix_lens else 0, record_token_times=False)
+        request.token_times = array("d")  # compact, and flattened for the statistics in one copy
         replica.submit(request)
 
     def open_loop():
