@@ -160,7 +160,7 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if workers is None:
         workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
     workers = min(workers, len(costs))
-    if workers > 1 and not clients and config.balancer in STATE_FREE_BALANCERS:
+    if workers > 1 and not clients and config.balancer in STATE_FREE_BALANCERS and _can_fork():
         log, stats = _simulate_parallel(table, costs, config, seed, measured, workers, progress)
     else:
         log, stats = _run(table, costs, config, seed, measured, clients, progress)
@@ -285,6 +285,12 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
 
 
 _FORKED_JOBS: list | None = None
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
 
 
 def _worker(w: int) -> tuple[RequestLog, list[dict]]:
