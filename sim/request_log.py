@@ -56,12 +56,15 @@ class RequestLog:
     def flush(self) -> None:
         if not self._pending:
             return
-        max_ewm, max_mean, _ = gap_stats(self._pending)
+        max_ewm, max_mean, gaps = gap_stats(self._pending)
         self.max_ewm_gap.extend(max_ewm)
         self.max_mean_gap.extend(max_mean)
-        measured = [t for t, m in zip(self._pending, self._pending_measured) if m and len(t) > 1]
-        if measured:
-            self.gaps.add(gap_stats(measured)[2])
+        # The histogram takes the gaps of measured requests only: the flat gaps above, less those of unmeasured
+        # requests (the same values in the same order as ``gap_stats`` of the measured requests alone).
+        if not all(self._pending_measured):
+            num_gaps = np.fromiter(map(len, self._pending), dtype=np.int64, count=len(self._pending)) - 1
+            gaps = gaps[np.repeat(np.array(self._pending_measured), np.maximum(num_gaps, 0))]
+        self.gaps.add(gaps)
         self._pending.clear()
         self._pending_measured.clear()
 
