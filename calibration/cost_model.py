@@ -76,6 +76,11 @@ class CostModel:
             c["prefill_seqs"]
         self._f = None if self.floor is None else tuple(self.floor[n] for n in FLOOR_TERMS)
 
+    def terms(self) -> tuple:
+        """(knots, segment bases, segment slopes, a_dc, a_pa, a_s, a_ps, floor or None): what ``predict_values``
+        reads, for callers that inline it (``Profile.predict_plan``) with the same float operations."""
+        return (self.knots, self._seg_base, self._seg_slope, self._dc, self._pa, self._s, self._ps, self._f)
+
     def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
         j = bisect.bisect_right(self.knots, num_tokens)
         t = self._seg_base[j] + self._seg_slope[j] * num_tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,6 +36,12 @@ class Profile:
         self.fit = dict(fit or {})
         self._predict_values = model.predict_values
         self._n_noise = len(self.noise)
+        # Both paths' coefficients, for the inlined ``predict_plan`` (a ``PassModel``; anything else goes through
+        # its ``predict_values``).
+        if isinstance(model, PassModel):
+            self._paths = (model.graph_max_batch, model.graph.terms(), model.eager.terms())
+        else:
+            self._paths = None
 
     def __repr__(self) -> str:
         m = self.meta
@@ -46,13 +53,28 @@ class Profile:
         """Median seconds of one engine step running ``plan`` (a ``BatchPlan``)."""
         d = plan.num_decodes
         starts, new = plan.start_positions, plan.num_new_tokens
+        num_seqs = len(new)
+        num_tokens = d + plan.num_prefill_tokens
         decode_context = sum(starts[:d]) + d if d else 0
         prefill_attention = 0
-        for i in range(d, len(new)):
+        for i in range(d, num_seqs):
             n = new[i]
             prefill_attention += n * (starts[i] + n)
-        return self._predict_values(d + plan.num_prefill_tokens, decode_context, prefill_attention, len(new),
-                                    len(new) - d)
+        paths = self._paths
+        if paths is None:
+            return self._predict_values(num_tokens, decode_context, prefill_attention, num_seqs, num_seqs - d)
+        # PassModel.predict_values and CostModel.predict_values inlined, with the same float operations in the
+        # same order (so the result is bit-identical to ``predict(plan.features())``).
+        knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[1] if num_tokens == num_seqs <= paths[0] else paths[2]
+        j = bisect_right(knots, num_tokens)
+        t = base[j] + slope[j] * num_tokens
+        t += a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs
+        t += a_ps * (num_seqs - d)
+        if f is not None:
+            h = f[0] + f[1] * num_seqs + f[2] * num_tokens
+            if h > t:
+                return h
+        return t
 
     def predict(self, features: Mapping[str, float]) -> float:
         """The same from ``BatchPlan.features()``."""
@@ -64,6 +86,16 @@ class Profile:
         if not n:
             return 1.0
         return self.noise[int(rng.random() * n)]
+
+    def noise_factors(self, uniforms) -> list[float]:
+        """``sample_factor`` for a block of pre-drawn uniforms (a numpy array in [0, 1)), in one numpy call:
+        the factor for ``u`` is ``noise[int(u * len(noise))]``, exactly as ``sample_factor`` computes it."""
+        n = self._n_noise
+        if not n:
+            return [1.0] * len(uniforms)
+        import numpy as np
+
+        return np.asarray(self.noise)[(uniforms * n).astype(np.int64)].tolist()
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -34,6 +34,15 @@ class BufferedRandom:
             self._values.reverse()
         return self._values.pop()
 
+    def draw_block(self):
+        """The next values ``random()`` would return (what is left of the current block, else a new block), as a
+        numpy array, consumed."""
+        if self._values:
+            values = np.array(self._values[::-1])
+            self._values = []
+            return values
+        return self.generator.random(self.block)
+
     def __getattr__(self, name):
         return getattr(self.generator, name)
 
@@ -80,6 +89,10 @@ class Replica:
         env, sched, bm = self.env, self.scheduler, self.block_manager
         schedule, update, predict = sched.schedule, sched.update, self.cost.predict_plan
         sample_factor = self.cost.sample_factor if self.noise else None
+        # A cost model with ``noise_factors`` (a profile) maps a whole block of uniforms to factors in one numpy
+        # call: the same uniforms in the same order as ``sample_factor(rng)`` per pass, so the same factors.
+        noise_factors = getattr(self.cost, "noise_factors", None) if self.noise else None
+        factors: list[float] = []
         rng, hist, on_finish = self.rng, self.tokens_per_pass, self.on_finish
         kv_times, kv_usage = self.kv_times, self.kv_usage
         peek, timeout = env.peek, env.timeout
@@ -98,7 +111,12 @@ class Replica:
                 raise RuntimeError(f"replica {self.index}: {sched.num_unfinished} requests wait but none can be "
                                    "scheduled (KV cache or max_num_seqs too small)")
             latency = predict(plan)
-            if sample_factor is not None:
+            if noise_factors is not None:
+                if not factors:
+                    factors = noise_factors(rng.draw_block())
+                    factors.reverse()
+                latency *= factors.pop()
+            elif sample_factor is not None:
                 latency *= sample_factor(rng)
             self.busy_time += latency
             hist[plan.num_decodes + plan.num_prefill_tokens] += 1

@@ -159,6 +159,49 @@ def test_predict_plan_equals_predict_of_features():
         assert profile.predict_plan(plan) == profile.predict(plan.features())
 
 
+def test_predict_plan_equals_predict_of_features_for_shipped_profiles_and_both_paths():
+    # predict_plan inlines both paths' coefficients: it must stay bit-identical to predict(features()), on
+    # decode-only passes (graph path, up to and past graph_max_batch) and mixed ones, with and without a floor.
+    from engine.request import Request
+    from engine.scheduler import BatchPlan
+
+    rng = np.random.default_rng(5)
+    for name in [*shipped_profiles(), None]:
+        profile = load_profile(name) if name else synthetic_profile()
+        gmb = profile.model.graph_max_batch
+        for _ in range(300):
+            plan = BatchPlan()
+            for _ in range(int(rng.choice([1, 2, 7, gmb, gmb + 1, int(rng.integers(1, 300))]))):
+                plan.requests.append(Request("d", num_prompt_tokens=1))
+                plan.start_positions.append(int(rng.integers(0, 4000)))
+                plan.num_new_tokens.append(1)
+                plan.num_decodes += 1
+            for _ in range(int(rng.integers(0, 3)) if plan.num_decodes > 1 else int(rng.integers(1, 3))):
+                n = int(rng.integers(1, 2048))
+                plan.requests.append(Request("p", num_prompt_tokens=n))
+                plan.start_positions.append(int(rng.integers(0, 3000)))
+                plan.num_new_tokens.append(n)
+                plan.num_prefill_tokens += n
+            assert profile.predict_plan(plan) == profile.predict(plan.features()), name
+
+
+def test_noise_factors_equal_sample_factor_draws():
+    profile = synthetic_profile()
+    u = np.random.default_rng(3).random(5000)
+
+    class Fixed:
+        def __init__(self, values):
+            self.values = iter(values.tolist())
+
+        def random(self):
+            return next(self.values)
+
+    fixed = Fixed(u)
+    assert profile.noise_factors(u) == [profile.sample_factor(fixed) for _ in range(len(u))]
+    quiet = Profile(profile.meta, 16, 10, 100, profile.model)
+    assert quiet.noise_factors(u[:3]) == [1.0, 1.0, 1.0]
+
+
 def test_sample_factor_draws_from_measured_spread():
     profile = synthetic_profile()
     draws = [profile.sample_factor(np.random.default_rng(7)) for _ in range(3)]
