@@ -165,8 +165,23 @@ class Scheduler:
         bs = self.block_manager.block_size
         running = RequestState.RUNNING
         requests, starts = plan.requests, plan.start_positions
+        add_request, add_start = requests.append, starts.append
         first = len(requests)
-        for request in self.running[:]:  # a copy: preemption edits self.running
+        queue = self.running[:]  # a copy: preemption edits self.running
+        if len(queue) <= budget:
+            # Budget for every running request: it cannot run out, so the loop below without the check.
+            for request in queue:
+                computed = request.num_computed_tokens
+                output = request.num_output_tokens
+                if output and request.num_prompt_tokens + output - computed == 1 and request.state is running:
+                    if computed < len(request.block_table) * bs or self._make_room(plan, request, 1):
+                        add_request(request)
+                        add_start(computed)
+                elif others is not None:
+                    others.append(request)
+            budget -= len(requests) - first
+            queue = ()
+        for request in queue:
             if not budget:
                 break
             computed = request.num_computed_tokens
@@ -174,8 +189,8 @@ class Scheduler:
             if output and request.num_prompt_tokens + output - computed == 1 and request.state is running:
                 # Fast path: a decode needs a new block only when its last block is full.
                 if computed < len(request.block_table) * bs or self._make_room(plan, request, 1):
-                    requests.append(request)
-                    starts.append(computed)
+                    add_request(request)
+                    add_start(computed)
                     budget -= 1
             elif others is not None:
                 others.append(request)
