@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import NormalDist
 
 DEFAULT_PROFILE = "llama-2-7b"
 BUILTIN = "builtin-llama-2-7b"
-_STANDARD_NORMAL = NormalDist()
+_STANDARD_NORMAL = None  # statistics.NormalDist(), imported on first use (only LinearCost's noise needs it)
+
+
+def _standard_normal():
+    global _STANDARD_NORMAL
+    if _STANDARD_NORMAL is None:
+        from statistics import NormalDist
+
+        _STANDARD_NORMAL = NormalDist()
+    return _STANDARD_NORMAL
 
 
 @dataclass
@@ -69,7 +77,7 @@ class LinearCost:
     def sample_factor(self, rng) -> float:
         if not self.noise_sigma:
             return 1.0
-        return math.exp(self.noise_sigma * _STANDARD_NORMAL.inv_cdf(rng.random()))
+        return math.exp(self.noise_sigma * (_STANDARD_NORMAL or _standard_normal()).inv_cdf(rng.random()))
 
 
 def builtin_llama_2_7b() -> LinearCost:
