@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from engine.llm import LLMEngine
 from engine.server.app import create_app
 from engine.server.bench import Record, bench, to_result
+from engine.server.engine_process import EngineSpec
 from engine.server.testing import serve_in_thread
 from sim.metrics import SLA, summarize
 
@@ -20,8 +20,7 @@ MODEL = "tiny-llama"
 
 @pytest.fixture(scope="module")
 def url():
-    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=512, seed=0)
-    with serve_in_thread(create_app(engine, MODEL)) as url:
+    with serve_in_thread(create_app(EngineSpec(MODEL, dict(device="cpu", num_kv_blocks=512, seed=0)), MODEL)) as url:
         yield url
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import time
 
 import httpx
 import pytest
@@ -14,7 +13,8 @@ import pytest
 from engine.llm import LLM, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.server.app import create_app
-from engine.server.testing import byte_tokenizer, serve_in_thread
+from engine.server.engine_process import EngineSpec
+from engine.server.testing import byte_tokenizer, serve_in_thread, wait_idle
 
 MODEL = "tiny-llama"
 NUM_BLOCKS = 1024
@@ -22,25 +22,21 @@ NUM_BLOCKS = 1024
 
 @pytest.fixture(scope="module")
 def served():
-    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=NUM_BLOCKS, seed=0)
-    if engine.tokenizer is None:  # until the tiny model ships one
-        engine.tokenizer = byte_tokenizer()
-    app = create_app(engine, MODEL)
+    """The default server: the engine in its own process, this process only serves HTTP."""
+    app = create_app(EngineSpec(MODEL, dict(device="cpu", num_kv_blocks=NUM_BLOCKS, seed=0)), MODEL)
+    server = app.state.server
+    if server.tokenizer is None:  # until the tiny model ships one
+        server.tokenizer = byte_tokenizer()
     with serve_in_thread(app) as url:
-        yield url, engine, app.state.server
+        yield url, server
 
 
 def prompt_ids(i: int, n: int) -> list[int]:
     return [3 + (i * 31 + 7 * k) % 300 for k in range(n)]
 
 
-def wait_idle(engine, timeout: float = 10.0) -> float:
-    """Seconds until the engine holds no request and every KV block is free (fails after ``timeout``)."""
-    start = time.monotonic()
-    while engine.has_unfinished() or engine.block_manager.num_free_blocks != engine.block_manager.num_blocks:
-        assert time.monotonic() - start < timeout, (engine.scheduler.running, engine.block_manager.num_free_blocks)
-        time.sleep(0.01)
-    return time.monotonic() - start
+def server_stats(server) -> dict:
+    return server.loop.stats()
 
 
 def metric(url: str, name: str) -> float:
@@ -50,16 +46,16 @@ def metric(url: str, name: str) -> float:
     raise KeyError(name)
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        import os
+def rss_bytes(pid: int | str = "self") -> int:
+    import os
 
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_openai_client_completions(served):
     openai = pytest.importorskip("openai")
-    url, engine, _ = served
+    url, server = served
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list().data] == [MODEL]
     prompt = prompt_ids(1, 12)
@@ -84,7 +80,7 @@ def test_openai_client_completions(served):
 
 def test_openai_client_chat(served):
     openai = pytest.importorskip("openai")
-    url, engine, _ = served
+    url, server = served
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
     out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
@@ -124,11 +120,12 @@ async def many_streams(url: str, n: int, max_tokens: int):
 
 @pytest.mark.slow
 def test_200_concurrent_streams_finish_and_return_to_idle(served):
-    url, engine, server = served
+    url, server = served
     asyncio.run(many_streams(url, 20, 4))  # warm up allocator pools and import paths
-    wait_idle(engine)
+    wait_idle(server)
     gc.collect()
-    idle_rss = rss_bytes()
+    engine_pid = server.loop.stats()["engine_pid"]
+    idle_rss, idle_engine_rss = rss_bytes(), rss_bytes(engine_pid)
 
     results = asyncio.run(many_streams(url, 200, 24))
     assert len(results) == 200
@@ -138,12 +135,13 @@ def test_200_concurrent_streams_finish_and_return_to_idle(served):
     again = asyncio.run(many_streams(url, 3, 24))
     assert [r[0] for r in again] == [r[0] for r in results[:3]]
 
-    wait_idle(engine)
+    wait_idle(server)
     assert metric(url, "splitfuse_kv_free_blocks") == NUM_BLOCKS
     assert metric(url, "splitfuse_running") == 0 and metric(url, "splitfuse_waiting") == 0
     assert not server.loop._streams and not server.loop._timing
     gc.collect()
     assert rss_bytes() - idle_rss < 64 << 20, "memory did not return near its idle level"
+    assert rss_bytes(engine_pid) - idle_engine_rss < 64 << 20, "the engine process's memory did not return"
 
 
 async def disconnect_after(url: str, i: int, chunks: int) -> None:
@@ -158,8 +156,8 @@ async def disconnect_after(url: str, i: int, chunks: int) -> None:
 
 
 def test_disconnect_mid_stream_frees_blocks_at_once(served):
-    url, engine, _ = served
-    wait_idle(engine)
+    url, server = served
+    wait_idle(server)
     aborted = metric(url, "splitfuse_requests_abort_total")
 
     async def run():
@@ -167,15 +165,15 @@ def test_disconnect_mid_stream_frees_blocks_at_once(served):
 
     asyncio.run(run())
     # 16 requests of 900 tokens would take many seconds; aborted, the engine is idle almost at once
-    assert wait_idle(engine, timeout=3.0) < 3.0
+    assert wait_idle(server, timeout=3.0) < 3.0
     assert metric(url, "splitfuse_requests_abort_total") - aborted == 16
-    assert engine.block_manager.num_free_blocks == NUM_BLOCKS
+    assert server_stats(server)["kv_free_blocks"] == NUM_BLOCKS
 
 
 def test_non_streaming_client_timeout_aborts(served):
-    url, engine, _ = served
-    wait_idle(engine)
+    url, server = served
+    wait_idle(server)
     body = {"model": MODEL, "prompt": prompt_ids(5, 10), "max_tokens": 1000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/completions", json=body, timeout=0.5)
-    assert wait_idle(engine, timeout=3.0) < 3.0
+    assert wait_idle(server, timeout=3.0) < 3.0

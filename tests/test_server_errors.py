@@ -9,9 +9,9 @@ import threading
 import httpx
 import pytest
 
-from engine.llm import LLMEngine
 from engine.server.app import create_app
-from engine.server.testing import serve_in_thread
+from engine.server.engine_process import EngineSpec
+from engine.server.testing import serve_in_thread, wait_idle
 
 MODEL = "tiny-llama"
 OK = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4}
@@ -40,9 +40,9 @@ BAD = [  # (raw body, field the error must name)
 
 @pytest.fixture(scope="module")
 def served():
-    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=256, seed=0)
-    with serve_in_thread(create_app(engine, MODEL)) as url:
-        yield url, engine
+    app = create_app(EngineSpec(MODEL, dict(device="cpu", num_kv_blocks=256, seed=0)), MODEL)
+    with serve_in_thread(app) as url:
+        yield url, app.state.server
 
 
 def check_error(r: httpx.Response, status: int, param: str | None) -> dict:
@@ -54,7 +54,7 @@ def check_error(r: httpx.Response, status: int, param: str | None) -> dict:
 
 
 def test_bad_input_is_400_naming_the_field_and_leaves_others_alone(served):
-    url, engine = served
+    url, _ = served
     long_body = {"model": MODEL, "prompt": [9] * 30, "max_tokens": 300, "ignore_eos": True, "stream": True}
     result = {}
 
@@ -87,8 +87,9 @@ def test_bad_input_is_400_naming_the_field_and_leaves_others_alone(served):
 
 def test_prompt_too_long_for_the_cache_and_queue_full():
     # 8 blocks of 16 tokens: a request needing more can never run; one sequence at a time, two may wait
-    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=8, max_num_seqs=1, seed=0)
-    with serve_in_thread(create_app(engine, MODEL, max_waiting=2)) as url:
+    spec = EngineSpec(MODEL, dict(device="cpu", num_kv_blocks=8, max_num_seqs=1, seed=0))
+    app = create_app(spec, MODEL, max_waiting=2)
+    with serve_in_thread(app) as url:
         r = httpx.post(url + "/v1/completions", json={**OK, "prompt": [4] * 100, "max_tokens": 100})
         assert "KV blocks" in check_error(r, 400, "prompt")["message"]
 
@@ -110,4 +111,5 @@ def test_prompt_too_long_for_the_cache_and_queue_full():
                 assert r.json()["error"]["type"] == "rate_limit_error"
             else:
                 assert len(r.json()["choices"][0]["token_ids"]) == 60
-        assert engine.block_manager.num_free_blocks == 8
+        wait_idle(app.state.server, timeout=3.0)
+        assert app.state.server.loop.stats()["kv_free_blocks"] == 8

@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.llm import LLMEngine
 from engine.server.app import create_app
 from engine.server.detokenize import Detokenizer
-from engine.server.testing import byte_tokenizer, serve_in_thread
+from engine.server.engine_process import EngineSpec
+from engine.server.testing import byte_tokenizer, serve_in_thread, wait_idle
 
 MODEL = "tiny-llama"
 
@@ -44,16 +44,17 @@ def test_stop_strings_are_cut_and_held_back(tokenizer):
 
 @pytest.fixture(scope="module")
 def url():
-    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=256, seed=0)
-    if engine.tokenizer is None:
-        engine.tokenizer = byte_tokenizer()
-    with serve_in_thread(create_app(engine, MODEL)) as url:
-        yield url, engine
+    app = create_app(EngineSpec(MODEL, dict(device="cpu", num_kv_blocks=256, seed=0)), MODEL)
+    server = app.state.server
+    if server.tokenizer is None:
+        server.tokenizer = byte_tokenizer()
+    with serve_in_thread(app) as url:
+        yield url, server
 
 
 def test_string_prompt_and_chat_round_trip(url):
-    url, engine = url
-    tok = engine.tokenizer
+    url, server = url
+    tok = server.tokenizer
     r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hello there", "max_tokens": 7,
                                                   "temperature": 0, "ignore_eos": True}).json()
     assert r["usage"]["prompt_tokens"] == len(tok("Hello there")["input_ids"])
@@ -73,7 +74,7 @@ def test_string_prompt_and_chat_round_trip(url):
 
 
 def test_stop_string_over_http_aborts_the_request(url):
-    url, engine = url
+    url, server = url
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
     full = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
     text = full["text"]
@@ -84,4 +85,4 @@ def test_stop_string_over_http_aborts_the_request(url):
     r = httpx.post(url + "/v1/completions", json={**body, "stop": stop}).json()["choices"][0]
     assert r["finish_reason"] == "stop" and r["text"] == text[:text.index(stop)]
     assert len(r["token_ids"]) < 200
-    assert not engine.has_unfinished()
+    wait_idle(server, timeout=2.0)  # the stop string aborted the request: nothing left running

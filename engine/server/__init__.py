@@ -4,6 +4,9 @@ benchmark client.
 - ``engine_loop``: ``AsyncEngine``, the asyncio loop that owns an ``LLMEngine``, runs ``step()`` in a worker
   thread and streams tokens to per-request queues (join and leave at every pass, abort on disconnect, 429
   when the waiting queue is full).
+- ``engine_process``: ``ProcessEngine``, the same interface over an engine in its own process (the default of
+  ``splitfuse serve``; ``--no-engine-process`` keeps the thread): add/abort go over a pipe, each pass's new
+  tokens and the engine's stats come back in one message, so HTTP streaming never holds the engine's GIL.
 - ``protocol``: OpenAI request bodies, their validation, and OpenAI-style error bodies (400 naming the field).
 - ``detokenize``: incremental detokenization and stop strings.
 - ``metrics``: Prometheus text exposition (histograms, counters, gauges) without a client library.

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from engine.server.detokenize import Detokenizer
 from engine.server.engine_loop import AsyncEngine, EngineDead, QueueFull, RequestStream
+from engine.server.engine_process import EngineSpec, ProcessEngine, tokenize
 from engine.server.metrics import CONTENT_TYPE
 from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_body
 
@@ -41,11 +42,26 @@ class Server:
     """Turns validated OpenAI requests into engine requests and engine outputs into OpenAI responses."""
 
     def __init__(self, engine, model_name: str, max_waiting: int = 1024) -> None:
-        self.engine = engine
+        """``engine``: an ``EngineSpec`` (the engine runs in its own process, started now) or an ``LLMEngine``
+        (its ``step`` runs in a worker thread of this process)."""
         self.model_name = model_name
-        self.loop = AsyncEngine(engine, max_waiting=max_waiting)
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
+        if isinstance(engine, EngineSpec):
+            self.engine = None
+            self.loop = ProcessEngine(engine, max_waiting=max_waiting)
+            info = self.loop.launch()
+            self.tokenizer = engine.tokenizer if engine.tokenizer is not None else info["tokenizer"]
+            self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
+        else:
+            self.engine = engine
+            self.loop = AsyncEngine(engine, max_waiting=max_waiting)
+            self.tokenizer = engine.tokenizer
+            self.max_model_len = engine.max_model_len
+            self.vocab_size = getattr(getattr(engine, "model_config", None), "vocab_size", None)
+
+    def tokenize(self, prompt) -> list[int]:
+        if self.engine is not None:
+            return self.engine.tokenize(prompt)
+        return tokenize(prompt, self.tokenizer, self.vocab_size)
 
     # -- request -> engine -----------------------------------------------------------------------------------
     def _check_model(self, body) -> None:
@@ -61,7 +77,7 @@ class Server:
             ids = render_chat(self.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
         else:
             try:
-                ids = self.engine.tokenize(body.single_prompt())
+                ids = self.tokenize(body.single_prompt())
             except ValueError as e:
                 raise APIError(str(e), param=field) from None
         if len(ids) >= self.max_model_len:
@@ -178,7 +194,8 @@ class Server:
 
 
 def create_app(engine, model_name: str, max_waiting: int = 1024) -> FastAPI:
-    """The app over ``engine`` (an ``LLMEngine``), served as ``model_name``."""
+    """The app over ``engine`` (an ``EngineSpec``: the engine process is started now; or an ``LLMEngine``,
+    stepped in a thread), served as ``model_name``."""
     server = Server(engine, model_name, max_waiting)
 
     @contextlib.asynccontextmanager
@@ -204,10 +221,9 @@ def create_app(engine, model_name: str, max_waiting: int = 1024) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        config = getattr(engine, "model_config", None)
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": 0, "owned_by": "splitfuse",
-            "max_model_len": server.max_model_len, "vocab_size": getattr(config, "vocab_size", None)}]}
+            "max_model_len": server.max_model_len, "vocab_size": server.vocab_size}]}
 
     @app.get("/health")
     async def health():

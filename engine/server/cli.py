@@ -47,9 +47,11 @@ def engine_kwargs(opts: dict) -> dict:
 @click.option("--health-interval", type=float, default=1.0, show_default=True, help="Seconds between checks.")
 @click.option("--threads", type=int, default=None, help="Torch CPU threads per engine (default: cores / replicas).")
 @click.option("--log-level", default="warning", show_default=True)
+@click.option("--engine-process/--no-engine-process", default=True, show_default=True,
+              help="Run the engine in its own process (HTTP streaming never holds its GIL), else in a thread.")
 @engine_options
 def serve(model, host, port, served_model_name, max_waiting, replicas, balancer, health_interval, threads,
-          log_level, **opts):
+          log_level, engine_process, **opts):
     """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API."""
     name = served_model_name or model
     if replicas < 1:
@@ -58,22 +60,32 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, balancer,
         from engine.server.router import run_router
 
         run_router(model, name, host, port, replicas, balancer, health_interval, threads, log_level,
-                   max_waiting, opts)
+                   max_waiting, opts, engine_process=engine_process)
         return
     import uvicorn
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    from engine.llm import LLMEngine
     from engine.server.app import create_app
 
+    if engine_process:
+        from engine.server.engine_process import EngineSpec
+
+        engine = EngineSpec(model, engine_kwargs(opts), threads)
+    else:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from engine.llm import LLMEngine
+
+        try:
+            engine = LLMEngine(model, **engine_kwargs(opts))
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
     try:
-        engine = LLMEngine(model, **engine_kwargs(opts))
-    except ValueError as e:
+        app = create_app(engine, name, max_waiting)
+    except ValueError as e:  # the engine process could not build the engine
         raise click.UsageError(str(e)) from None
-    uvicorn.run(create_app(engine, name, max_waiting), host=host, port=port, log_level=log_level,
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=5)
 
 

@@ -46,6 +46,40 @@ def _unpack(output) -> tuple[object, list[int], bool, str | None]:
     return get("request_id"), list(tokens), bool(get("finished", False)), get("finish_reason")
 
 
+def _queue_time(output) -> float | None:
+    """Arrival to first scheduled pass of one ``LLMEngine.step()`` output, when its metrics say."""
+    rm = getattr(output, "metrics", None)
+    if rm is None or getattr(rm, "first_scheduled_time", None) is None:
+        return None
+    return rm.first_scheduled_time - rm.arrival_time
+
+
+def deliver(owner, items, now: float) -> None:
+    """Hand (request_id, new token ids, finished, finish_reason, queue time) items to their streams and observe
+    the latency metrics; ``owner`` has ``metrics``, ``_streams`` and ``_timing`` (in-thread or engine-process
+    loop alike)."""
+    m = owner.metrics
+    for request_id, tokens, finished, reason, queue_time in items:
+        stream = owner._streams.get(request_id)
+        if stream is None:  # aborted while the pass ran
+            continue
+        timing = owner._timing[request_id]
+        if tokens:
+            m.generation_tokens.inc(len(tokens))
+            if timing.last_token is None:
+                m.ttft.observe(now - timing.arrival)
+                if queue_time is not None:
+                    m.queue.observe(queue_time)
+            else:
+                m.itl.observe(now - timing.last_token)
+            timing.last_token = now
+        if finished:
+            m.e2e.observe(now - timing.arrival)
+            m.requests.get(reason, m.requests["stop"]).inc()
+            del owner._streams[request_id], owner._timing[request_id]
+        stream.queue.put_nowait(StreamOutput(tokens, finished, reason if finished else None))
+
+
 class RequestStream:
     """Async iterator over a request's ``StreamOutput``s; each read merges every output queued so far."""
 
@@ -222,28 +256,11 @@ class AsyncEngine:
             await asyncio.sleep(0)  # let handlers consume, add and abort between passes
 
     def _dispatch(self, outputs, now: float) -> None:
-        m = self.metrics
+        items = []
         for output in outputs or ():
             request_id, tokens, finished, reason = _unpack(output)
-            stream = self._streams.get(request_id)
-            if stream is None:  # aborted while the pass ran
-                continue
-            timing = self._timing[request_id]
-            if tokens:
-                m.generation_tokens.inc(len(tokens))
-                if timing.last_token is None:
-                    m.ttft.observe(now - timing.arrival)
-                    rm = getattr(output, "metrics", None)
-                    if rm is not None and rm.first_scheduled_time is not None:
-                        m.queue.observe(rm.first_scheduled_time - rm.arrival_time)
-                else:
-                    m.itl.observe(now - timing.last_token)
-                timing.last_token = now
-            if finished:
-                m.e2e.observe(now - timing.arrival)
-                m.requests.get(reason, m.requests["stop"]).inc()
-                del self._streams[request_id], self._timing[request_id]
-            stream.queue.put_nowait(StreamOutput(tokens, finished, reason if finished else None))
+            items.append((request_id, tokens, finished, reason, _queue_time(output)))
+        deliver(self, items, now)
 
     def _fail_all(self, error: BaseException) -> None:
         self.error = error
@@ -266,5 +283,6 @@ class AsyncEngine:
             return out
         bm = scheduler.block_manager
         out.update(running=len(scheduler.running), kv_usage=bm.usage, kv_free_blocks=bm.num_free_blocks,
-                   kv_total_blocks=bm.num_blocks, preemptions=scheduler.num_preemptions)
+                   kv_total_blocks=bm.num_blocks, preemptions=scheduler.num_preemptions,
+                   unfinished=self.engine.has_unfinished())
         return out

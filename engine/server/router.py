@@ -277,7 +277,7 @@ def replica_slots(device: str, replicas: int) -> list[dict]:
 
 
 def start_replicas(model: str, name: str, replicas: int, threads: int | None, log_level: str, max_waiting: int,
-                   opts: dict) -> list[Replica]:
+                   opts: dict, engine_process: bool = True) -> list[Replica]:
     threads = threads or max(1, (os.cpu_count() or 1) // replicas)
     flags = []
     for key, value in opts.items():
@@ -290,7 +290,7 @@ def start_replicas(model: str, name: str, replicas: int, threads: int | None, lo
         port = free_port()
         cmd = [sys.executable, "-m", "engine.server.cli", model, "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", name, "--max-waiting", str(max_waiting), "--threads", str(threads),
-               "--log-level", log_level, *flags]
+               "--log-level", log_level, "--engine-process" if engine_process else "--no-engine-process", *flags]
         process = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
         out.append(Replica(i, f"http://127.0.0.1:{port}", process))
     return out
@@ -325,13 +325,14 @@ def stop_replicas(replicas: list[Replica]) -> None:
 
 
 def run_router(model: str, name: str, host: str, port: int, replicas: int, balancer: str, health_interval: float,
-               threads: int | None, log_level: str, max_waiting: int, opts: dict, startup_timeout: float = 600) -> None:
+               threads: int | None, log_level: str, max_waiting: int, opts: dict, startup_timeout: float = 600,
+               engine_process: bool = True) -> None:
     """Start the replica processes, serve the router until interrupted, then stop the replicas."""
     import uvicorn
 
     # uvicorn re-raises SIGTERM after its shutdown; exiting by SystemExit lets ``finally`` stop the replicas
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    procs = start_replicas(model, name, replicas, threads, log_level, max_waiting, opts)
+    procs = start_replicas(model, name, replicas, threads, log_level, max_waiting, opts, engine_process)
     try:
         wait_healthy(procs, startup_timeout)
         router = Router(procs, balancer, seed=opts.get("seed", 0), health_interval=health_interval)

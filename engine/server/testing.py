@@ -31,6 +31,19 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int | None = None, timeo
         thread.join(timeout=10)
 
 
+def wait_idle(server, timeout: float = 10.0) -> float:
+    """Seconds until ``server`` (an ``app.state.server``) reports no request in its engine and every KV block
+    free (fails after ``timeout``). With the engine in its own process these are its last reported stats."""
+    start = time.monotonic()
+    while True:
+        stats = server.loop.stats()
+        if not stats.get("unfinished", True) and stats.get("waiting") == 0 and stats.get("running") == 0 \
+                and stats.get("kv_free_blocks") == stats.get("kv_total_blocks"):
+            return time.monotonic() - start
+        assert time.monotonic() - start < timeout, f"the engine is not idle after {timeout} s: {stats}"
+        time.sleep(0.01)
+
+
 def byte_tokenizer():
     """Byte-level: ids 0-2 are <unk>, <s>, </s> (as in the tiny model's config), the 256 bytes follow; a toy
     chat template."""

@@ -1,0 +1,96 @@
+"""The engine runs in its own process (``--engine-process``, the default): a different pid from the API
+process, gone when the API process dies (even by SIGKILL), and its death answers 503 rather than hanging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from engine.server.app import create_app
+from engine.server.engine_process import EngineSpec
+from engine.server.router import free_port
+from engine.server.testing import serve_in_thread
+
+MODEL = "tiny-llama"
+BODY = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True}
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie waiting for its new parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_engine_process_is_separate_and_dies_with_the_api_process():
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine.server.cli", MODEL, "--port", str(port), "--device", "cpu",
+           "--num-kv-blocks", "64", "--threads", "1"]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "the server exited while starting"
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                health = httpx.get(url + "/health", timeout=1)
+                if health.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        engine_pid = health.json()["engine_pid"]
+        assert engine_pid != proc.pid and parent_of(engine_pid) == proc.pid
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 4
+
+        proc.send_signal(signal.SIGKILL)  # no clean-up code runs in the API process
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not gone(engine_pid):
+            assert time.monotonic() < deadline, "the engine process outlived its API process"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_engine_process_death_answers_503():
+    app = create_app(EngineSpec(MODEL, dict(device="cpu", num_kv_blocks=64, seed=0)), MODEL)
+    with serve_in_thread(app) as url:
+        assert httpx.post(url + "/v1/completions", json=BODY, timeout=30).status_code == 200
+        engine_pid = httpx.get(url + "/health").json()["engine_pid"]
+        assert engine_pid != os.getpid()
+        os.kill(engine_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health").status_code == 200:
+            assert time.monotonic() < deadline, "/health still answers 200 after the engine died"
+            time.sleep(0.05)
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+
+
+def test_in_thread_engine_still_serves():
+    """``--no-engine-process``: the engine stepped in a worker thread of the API process (the old path)."""
+    from engine.llm import LLMEngine
+
+    engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=64, seed=0)
+    with serve_in_thread(create_app(engine, MODEL)) as url:
+        r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 4
+        assert "engine_pid" not in httpx.get(url + "/health").json()
+        assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == 64
