@@ -155,8 +155,9 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
             queue_time = None if rm is None or rm.first_scheduled_time is None else \
                 rm.first_scheduled_time - rm.arrival_time
             items.append((request_id, tokens, finished, reason, queue_time))
-        out_conn.send(("out", items, passes, _engine_stats(engine)))
-        passes = []
+        if items or passes:  # a pass that scheduled nothing has nothing to say
+            out_conn.send(("out", items, passes, _engine_stats(engine)))
+            passes = []
 
 
 # -- the API process side ----------------------------------------------------------------------------------------
