@@ -67,6 +67,11 @@ def patch_init(device: str) -> None:
         engine.weights.random_init = fast_random_init
 
 
+def patch_cuda_init() -> None:
+    """Run in the server's engine process (SPLITFUSE_ENGINE_INIT): a spawned process inherits no patches."""
+    patch_init("cuda")
+
+
 def run_offline(a) -> dict:
     """Child process: LLM.generate on the workload, timed after a warm-up."""
     patch_init(a.device)
@@ -91,10 +96,14 @@ def run_offline(a) -> dict:
 def serve_child(a) -> None:
     """Child process: ``splitfuse serve`` with the benchmark's engine config."""
     patch_init(a.device)
+    if a.device == "cuda":
+        os.environ["SPLITFUSE_ENGINE_INIT"] = "server_gpu:patch_cuda_init"
     from engine.server.cli import serve
 
-    serve.main([a.model, "--port", str(a.port), "--token-budget", str(a.token_budget), "--max-num-seqs",
-                str(a.max_num_seqs), "--device", a.device, "--dtype", engine_kwargs(a)["dtype"], "--seed", "1234"],
+    process_flag = "--engine-process" if a.engine_process else "--no-engine-process"
+    serve.main([a.model, process_flag, "--port", str(a.port), "--token-budget", str(a.token_budget),
+                "--max-num-seqs", str(a.max_num_seqs), "--device", a.device, "--dtype", engine_kwargs(a)["dtype"],
+                "--seed", "1234"],
                standalone_mode=True)
 
 
@@ -152,7 +161,7 @@ def run_server(a) -> dict:
 def forwarded(a) -> list[str]:
     return ["--model", a.model, "--device", a.device, "--requests", str(a.requests), "--seed", str(a.seed),
             "--shrink", str(a.shrink), "--token-budget", str(a.token_budget), "--max-num-seqs", str(a.max_num_seqs),
-            "--port", str(a.port)]
+            "--port", str(a.port), *([] if a.engine_process else ["--no-engine-process"])]
 
 
 def main() -> None:
@@ -167,6 +176,8 @@ def main() -> None:
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=0, help="0: as engine_gpu.py chooses (fits_seqs)")
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--no-engine-process", dest="engine_process", action="store_false",
+                    help="serve with the engine in a thread of the API process (the old path), for comparison")
     ap.add_argument("--result", default=None, help="offline role: where to write its JSON")
     a = ap.parse_args()
     if a.role == "offline":
