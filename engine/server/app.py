@@ -26,7 +26,9 @@ def _error(e: APIError) -> JSONResponse:
 
 
 def _sse(obj) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+    # ASCII escapes: a raw U+2028 or U+0085 in the JSON would split the line for clients that read SSE with
+    # str.splitlines semantics (httpx aiter_lines, seen failing a test).
+    return f"data: {json.dumps(obj)}\n\n".encode()
 
 
 def render_chat(tokenizer, messages: list[dict]) -> list[int]:
