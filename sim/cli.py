@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from sim.costs import DEFAULT_PROFILE
+from sim.sla_options import sla_options
 
 
 @click.command()
@@ -40,12 +41,7 @@ from sim.costs import DEFAULT_PROFILE
               help="Independent runs (seeds seed..seed+R-1); prints 95% confidence intervals.")
 @click.option("--warmup", default=0.0, show_default=True, type=float, help="Share of first requests left out.")
 @click.option("--cooldown", default=0.0, show_default=True, type=float, help="Share of last requests left out.")
-@click.option("--sla-gen-rate", default=4.0, show_default=True, type=float,
-              help="FastGen generation SLA, tokens/s (headline effective throughput).")
-@click.option("--sla-prompt-rate", default=512.0, show_default=True, type=float,
-              help="FastGen prompt SLA: first token within prompt_tokens / this seconds.")
-@click.option("--cumulative-sla", is_flag=True, help="FastGen's cumulative generation SLA instead of the EWM one.")
-@click.option("--goodput", default=None, help="Goodput limits, e.g. ttft:2,tpot:0.1,e2e:20 (seconds).")
+@sla_options
 @click.option("--rates", default=None, help="Load sweep over these comma-separated rates (requests/s).")
 @click.option("--sweep", default=0, type=int, help="Load sweep over this many rates from 0.2x to 1.2x capacity.")
 @click.option("--sla-target", default=0.9, show_default=True, type=float,
@@ -75,7 +71,7 @@ def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arr
     from sim.capacity import estimate_capacity, load_sweep, max_rate_meeting
     from sim.cluster import ClusterConfig, simulate
     from sim.costs import describe, load_cost_model
-    from sim.metrics import SLA, confidence_intervals, parse_goodput, summarize
+    from sim.metrics import SLA, SUMMARY_KEYS, confidence_intervals, parse_goodput, summarize
     from sim.workload import Workload, parse_length
 
     if progress is None:
@@ -131,9 +127,9 @@ def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arr
     summaries = [summarize(r, sla) for r in results]
     if replications > 1:
         table = confidence_intervals(summaries)
-        click.echo(table.loc[_SHOWN].to_string(float_format=lambda v: f"{v:.4g}"))
+        click.echo(table.loc[SUMMARY_KEYS].to_string(float_format=lambda v: f"{v:.4g}"))
     else:
-        for key in _SHOWN:
+        for key in SUMMARY_KEYS:
             click.echo(f"  {key:28s} {summaries[0][key]:.4g}")
         if "goodput_rps" in summaries[0]:
             click.echo(f"  {'goodput_rps':28s} {summaries[0]['goodput_rps']:.4g}")
@@ -152,11 +148,6 @@ def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arr
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         write_report(out / "report.html", results[0], summaries[0], sweep_df)
         click.echo(f"wrote {out}/requests.csv, summary.json, report.html")
-
-
-_SHOWN = ["requests", "throughput_rps", "token_throughput_tps", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95",
-          "itl_p95", "itl_p99", "e2e_p50", "e2e_p99", "queue_delay_mean", "sla_share", "effective_throughput_rps",
-          "preemptions", "mean_busy_share", "mean_tokens_per_pass"]
 
 
 def _parse_rates(text: str) -> list[float]:

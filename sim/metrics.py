@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+SUMMARY_KEYS = [  # the rows a run's summary table shows (simulate and bench)
+    "requests", "throughput_rps", "token_throughput_tps", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95",
+    "itl_p95", "itl_p99", "e2e_p50", "e2e_p99", "queue_delay_mean", "sla_share", "effective_throughput_rps",
+    "preemptions", "mean_busy_share", "mean_tokens_per_pass"]
+
 GENERATION_RATES = (1, 2, 3, 4, 6, 8)
 PERCENTILES = (50, 90, 95, 99)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from sim.sla_options import sla_options
+
 
 @dataclass
 class Record:
@@ -177,12 +179,7 @@ def server_delta(before: dict, after: dict) -> dict:
 @click.option("--vocab-size", type=int, default=None,
               help="Token ids for random prompts (default: the server's vocab_size; text prompts if unknown).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--sla-gen-rate", default=4.0, show_default=True, type=float,
-              help="FastGen generation SLA, tokens/s (headline effective throughput).")
-@click.option("--sla-prompt-rate", default=512.0, show_default=True, type=float,
-              help="FastGen prompt SLA: first token within prompt_tokens / this seconds.")
-@click.option("--cumulative-sla", is_flag=True, help="FastGen's cumulative generation SLA instead of the EWM one.")
-@click.option("--goodput", default=None, help="Goodput limits, e.g. ttft:2,tpot:0.1,e2e:20 (seconds).")
+@sla_options
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per request.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write requests.csv and summary.json.")
 def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len, output_len, max_prompt_len,
@@ -190,8 +187,7 @@ def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len
     """Benchmark any OpenAI-compatible server; prints the simulator's summary table."""
     import httpx
 
-    from sim.cli import _SHOWN
-    from sim.metrics import SLA, parse_goodput, summarize
+    from sim.metrics import SLA, SUMMARY_KEYS, parse_goodput, summarize
     from sim.workload import Workload, parse_length
 
     url = base_url.rstrip("/")
@@ -219,7 +215,7 @@ def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len
     summary = summarize(result, sla)
     failed = [r for r in records if r.error is not None]
     summary["failed"] = len(failed)
-    for key in (*_SHOWN, "failed"):
+    for key in (*SUMMARY_KEYS, "failed"):
         click.echo(f"  {key:28s} {summary[key]:.4g}")
     if "goodput_rps" in summary:
         click.echo(f"  {'goodput_rps':28s} {summary['goodput_rps']:.4g}")
