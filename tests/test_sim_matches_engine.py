@@ -1,0 +1,130 @@
+"""The design's central claim on the CPU: the simulator runs the engine's own passes.
+
+One offline workload (every request at t=0, greedy, ``ignore_eos``, fixed output lengths) goes through the real
+``LLMEngine`` (the ``tiny-llama`` preset on the CPU) and through ``sim.cluster.simulate`` on one replica whose
+cost model has the engine's capacities (block size, number of KV blocks, context limit), with the same scheduler
+name, token budget and ``max_num_seqs``. Both sides' ``scheduler.schedule`` is wrapped to record every plan.
+The two runs must have the same number of passes and, pass by pass, the same (request index, new tokens, start
+position) entries in the same order and the same preempted requests; at the end every request has the same
+preemption count and its full output. Request ids are mapped by submission order (the engine's "0", "1", ...
+and the simulator's row index). A tiny token budget chunks the prompts; a tight KV cache forces preemptions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import sim.replica
+from engine.llm import LLMEngine
+from engine.sampling_params import SamplingParams
+from sim.cluster import ClusterConfig, simulate
+from sim.costs import ConstantCost
+from sim.workload import RequestTable
+
+MODEL = "tiny-llama"
+VOCAB = 320  # the tiny-llama preset's vocabulary
+NUM_REQUESTS = 12
+
+
+def workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Prompts (random token ids, so no two share a prefix block) of 5-60 tokens and outputs of 3-20."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(NUM_REQUESTS)]
+    outputs = [rng.randint(3, 20) for _ in range(NUM_REQUESTS)]
+    return prompts, outputs
+
+
+def recording(scheduler, index_of, passes: list, requests: dict) -> None:
+    """Wrap ``scheduler.schedule`` (on the instance) to append each plan's entries and preempted requests to
+    ``passes``, with requests named by ``index_of(request)``; ``requests`` collects index -> Request."""
+    schedule = scheduler.schedule
+
+    def wrapped(now: float = 0.0):
+        plan = schedule(now)
+        if plan is not None:
+            for r in plan.requests:
+                requests[index_of(r)] = r
+            passes.append((
+                [(index_of(r), n, s) for r, n, s in zip(plan.requests, plan.num_new_tokens, plan.start_positions)],
+                [index_of(r) for r in plan.preempted]))
+        return plan
+
+    scheduler.schedule = wrapped
+
+
+def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks):
+    engine = LLMEngine(MODEL, scheduler=scheduler, token_budget=token_budget, block_size=block_size,
+                       max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, device="cpu", dtype="float32",
+                       seed=0)
+    passes: list = []
+    requests: dict = {}
+    recording(engine.scheduler, lambda r: int(r.request_id), passes, requests)
+    for i, (prompt, n) in enumerate(zip(prompts, outputs)):
+        rid = engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                                 arrival_time=0.0)
+        assert rid == str(i)
+    outputs_seen = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                outputs_seen[int(out.request_id)] = len(out.token_ids)
+    assert outputs_seen == dict(enumerate(outputs))
+    return passes, requests, engine.max_model_len
+
+
+def run_sim(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks, max_model_len,
+            monkeypatch):
+    passes: list = []
+    requests: dict = {}
+    make_scheduler = sim.replica.make_scheduler
+
+    def make_recorded(*args, **kwargs):
+        sched = make_scheduler(*args, **kwargs)
+        recording(sched, lambda r: r.request_id, passes, requests)
+        return sched
+
+    monkeypatch.setattr(sim.replica, "make_scheduler", make_recorded)
+    cost = ConstantCost(1e-3, block_size=block_size, num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
+    table = RequestTable(arrivals=np.zeros(len(prompts)), prompt_tokens=np.array([len(p) for p in prompts]),
+                         output_tokens=np.array(outputs))
+    config = ClusterConfig(cost, replicas=1, scheduler=scheduler, token_budget=token_budget,
+                           max_num_seqs=max_num_seqs, noise=False)
+    result = simulate(table, config, seed=0, workers=1)
+    df = result.requests.sort_values("id")
+    assert df["output_tokens"].tolist() == outputs
+    assert result.replicas["passes"].tolist() == [len(passes)]
+    return passes, requests
+
+
+# (scheduler, token budget, max_num_seqs, block size, KV blocks, expect preemptions)
+CASES = {
+    "splitfuse-roomy": ("splitfuse", 16, 256, 4, 512, False),
+    "splitfuse-tight-kv": ("splitfuse", 16, 256, 4, 24, True),
+    "splitfuse-few-seqs": ("splitfuse", 16, 3, 8, 256, False),
+    "prefill-first-tight-kv": ("prefill-first", 80, 256, 4, 26, True),
+    "decode-first-tight-kv": ("decode-first", 80, 256, 4, 26, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_simulator_runs_the_engines_passes(case, monkeypatch):
+    scheduler, budget, max_num_seqs, block_size, num_kv_blocks, expect_preemptions = CASES[case]
+    prompts, outputs = workload()
+    engine_passes, engine_requests, max_model_len = run_engine(prompts, outputs, scheduler, budget, max_num_seqs,
+                                                               block_size, num_kv_blocks)
+    sim_passes, sim_requests = run_sim(prompts, outputs, scheduler, budget, max_num_seqs, block_size, num_kv_blocks,
+                                       max_model_len, monkeypatch)
+
+    if scheduler == "splitfuse":  # the budget really chunks prompts
+        assert any(n < len(prompts[i]) for entries, _ in engine_passes for i, n, s in entries if s == 0)
+    for k, (e, s) in enumerate(zip(engine_passes, sim_passes)):
+        assert e == s, f"pass {k} differs: engine (entries, preempted) {e} vs simulator {s}"
+    assert len(engine_passes) == len(sim_passes)
+
+    engine_preemptions = [engine_requests[i].num_preemptions for i in range(NUM_REQUESTS)]
+    sim_preemptions = [sim_requests[i].num_preemptions for i in range(NUM_REQUESTS)]
+    assert engine_preemptions == sim_preemptions
+    assert (sum(engine_preemptions) > 0) == expect_preemptions
