@@ -111,6 +111,21 @@ class RequestStream:
             item = self.queue.get_nowait()
 
 
+def admission_check(frontend, request_id):
+    """What every front end checks before queueing a request: a live engine, room in the waiting queue, an unused
+    id (one is made when None). Returns the id."""
+    if frontend.error is not None:
+        raise EngineDead(f"the engine failed and serves no more requests: {frontend.error!r}")
+    if frontend.num_waiting >= frontend.max_waiting:
+        frontend.metrics.rejected.inc()
+        raise QueueFull(f"the waiting queue is full ({frontend.max_waiting} requests); retry later")
+    if request_id is None:
+        request_id = f"req-{next(frontend._ids)}"
+    if request_id in frontend._streams:
+        raise ValueError(f"request id {request_id!r} is already in use")
+    return request_id
+
+
 @dataclass
 class _Timing:
     arrival: float
@@ -173,15 +188,7 @@ class AsyncEngine:
 
     async def add(self, prompt_token_ids: list[int], sampling_params, request_id=None) -> RequestStream:
         """Queue a request; raises ``ValueError`` (bad request), ``QueueFull`` or ``EngineDead``."""
-        if self.error is not None:
-            raise EngineDead(f"the engine failed and serves no more requests: {self.error!r}")
-        if self.num_waiting >= self.max_waiting:
-            self.metrics.rejected.inc()
-            raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
-        if request_id is None:
-            request_id = f"req-{next(self._ids)}"
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        request_id = admission_check(self, request_id)
         stream = RequestStream(request_id, len(prompt_token_ids))
         if not self._stepping:
             self._add_now(stream, prompt_token_ids, sampling_params)

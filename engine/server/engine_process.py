@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine.server.engine_loop import EngineDead, QueueFull, RequestStream, _Timing, _unpack, deliver
+from engine.server.engine_loop import EngineDead, RequestStream, _Timing, _unpack, admission_check, deliver
 from engine.server.metrics import ServingMetrics
 
 START_TIMEOUT_S = 600.0
@@ -270,15 +270,7 @@ class ProcessEngine:
 
     async def add(self, prompt_token_ids: list[int], sampling_params, request_id=None) -> RequestStream:
         """Queue a request; raises ``ValueError`` (bad request), ``QueueFull`` or ``EngineDead``."""
-        if self.error is not None:
-            raise EngineDead(f"the engine failed and serves no more requests: {self.error!r}")
-        if self.num_waiting >= self.max_waiting:
-            self.metrics.rejected.inc()
-            raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
-        if request_id is None:
-            request_id = f"req-{next(self._ids)}"
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        request_id = admission_check(self, request_id)
         stream = RequestStream(request_id, len(prompt_token_ids))
         ack = self._loop.create_future()
         # registered before the send: the engine's first tokens may come in the same read as its ack
