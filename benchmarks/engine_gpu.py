@@ -130,18 +130,19 @@ def time_pass(llm: LLMEngine, plan: BatchPlan, repeats: int = 20) -> dict:
         torch.cuda.synchronize()
         wall.append((time.perf_counter() - t0) * 1e3)
         gpu.append(start.elapsed_time(end))
-    graph = runner.uses_graph(plan)
+    graph = runner.graphs.key(plan) if runner.graphs is not None else None
     pack = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         if graph:
-            engine.runner.pack_inputs(plan, runner.block_size, width=runner.graphs.width,
-                                      pad_to=runner.graphs.bucket(plan.num_seqs), all_rows=True)
+            engine.runner.pack_inputs(plan, runner.block_size, pad_to=runner.graphs.layouts[graph],
+                                      all_rows=graph[0] == "decode")
         else:
             engine.runner.pack_inputs(plan, runner.block_size)
         pack.append((time.perf_counter() - t0) * 1e3)
     return {"gpu_ms": float(np.median(gpu)), "wall_ms": float(np.median(wall)), "pack_ms": float(np.median(pack)),
-            "gpu_ms_spread": [float(np.min(gpu)), float(np.max(gpu))], "cuda_graph": graph,
+            "gpu_ms_spread": [float(np.min(gpu)), float(np.max(gpu))], "wall_ms_spread": [float(np.min(wall)),
+            float(np.max(wall))], "cuda_graph": None if graph is None else f"{graph[0]} {graph[1]}",
             "tokens": plan.num_tokens, "seqs": plan.num_seqs}
 
 
@@ -247,6 +248,16 @@ def micro(llm: LLMEngine, ceil: dict, rng: np.random.Generator) -> dict:
     res["decode_b64_1k_eager"] = time_pass(llm, plan, repeats=10)
     plan1 = passes.plan(decodes=1, ctx=1024)
     res["decode_b1_1k_eager"] = time_pass(llm, plan1, repeats=10)
+    # small passes with prompt tokens, replayed vs eager: what the mixed-pass graphs buy (wall clock: host-bound)
+    for chunk, decodes in ((16, 0), (128, 0), (512, 0), (500, 12), (1000, 24)):
+        plan = passes.plan(decodes=decodes, ctx=1024, chunk=chunk)
+        res[f"small_{chunk}+{decodes}d_eager"] = time_pass(llm, plan, repeats=10)
+        llm.runner.graphs = graphs
+        res[f"small_{chunk}+{decodes}d_graph"] = time_pass(llm, plan, repeats=10)
+        llm.runner.graphs = None
+        passes.release()
+        print(f"pass {chunk} + {decodes} decodes: eager {res[f'small_{chunk}+{decodes}d_eager']}, "
+              f"graph {res[f'small_{chunk}+{decodes}d_graph']}", flush=True)
     llm.runner.graphs = graphs
     passes.release()
     return res
@@ -266,7 +277,8 @@ class Instrument:
     def __init__(self, llm: LLMEngine):
         self.llm = llm
         self.sched, self.pack, self.update, self.events, self.steps, self.plans = [], [], [], [], [], []
-        self.peak_used, self.peak_live, self.kinds = 0, 0, {"graph": 0, "eager": 0}
+        self.peak_used, self.peak_live, self.kinds = 0, 0, {"decode graph": 0, "mixed graph": 0,
+                                                                          "eager": 0}
         sched, runner = llm.scheduler, llm.runner
         orig_schedule, orig_update, orig_run = sched.schedule, sched.update, runner.run
         orig_pack = engine.runner.pack_inputs
@@ -294,7 +306,8 @@ class Instrument:
             return out
 
         def run(plan):
-            self.kinds["graph" if runner.uses_graph(plan) else "eager"] += 1
+            key = runner.graphs.key(plan) if runner.graphs is not None else None
+            self.kinds["eager" if key is None else f"{key[0]} graph"] += 1
             d = plan.num_decodes
             self.plans.append((plan.num_tokens, d, sum(plan.start_positions[:d]) + d))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -468,6 +481,7 @@ def main() -> None:
     result["startup"] = {"seconds": time.perf_counter() - t0, "num_kv_blocks": llm.block_manager.num_blocks,
                          "block_size": llm.block_manager.block_size,
                          "graph_buckets": getattr(llm.runner.graphs, "buckets", None),
+                         "mixed_graph_buckets": getattr(llm.runner.graphs, "mixed_buckets", None),
                          "allocated_GiB": torch.cuda.memory_allocated() / 2**30,
                          "reserved_GiB": torch.cuda.memory_reserved() / 2**30,
                          "free_GiB": torch.cuda.mem_get_info()[0] / 2**30}

@@ -1,11 +1,20 @@
-"""CUDA graphs of decode-only passes, one per bucketed batch size.
+"""CUDA graphs of whole passes: decode-only passes bucketed by batch size, and passes with prompt tokens
+(chunks, with or without decodes) bucketed by token count.
 
-A decode pass launches ~16 small kernels per layer; replaying a captured graph removes their launch cost.
+An eager pass launches ~16 kernels per layer from Python: ~16 ms of host time for a 7B model, longer than the
+GPU work of any pass under ~700 tokens, and jittery. Replaying a captured graph removes that cost.
+
 Every graph reads its inputs from views of one static int32 buffer (laid out as ``runner.Layout`` for its
-bucket), so a pass is one host-to-device copy into that buffer plus one replay. A batch is padded up to the
-next bucket with one-token sequences that write no key/value. Block tables are ``max_model_len`` wide, so
-every context fits every graph. Off CUDA (``capture=False``) the same buffers run eagerly: the CPU tests check
-the packing and padding that the graphs rely on.
+bucket), so a pass is one host-to-device copy into that buffer plus one replay. Padding differs by kind:
+- decode graphs (``b`` tokens, ``b`` sequences): a batch is padded with one-token sequences that write no
+  key/value and attend to one cached token;
+- mixed graphs (``T`` tokens, ``S = min(T - 1, max_batch)`` sequences): padding tokens belong to no sequence
+  (they write nowhere and their attention rows are never read) and padding sequences are empty. ``T > S``, so
+  the attention kernel takes its mixed launch shape for every plan; a plan with ``t > s`` tokens and sequences
+  has ``s <= t - 1 <= T - 1``, so the smallest token bucket ``T >= t`` always holds it. The logits of the
+  ``S`` sample rows are computed inside the graph (padding rows point at row 0).
+Block tables are ``max_model_len`` wide, so every context fits every graph. Off CUDA (``capture=False``) the
+same buffers run eagerly: the CPU tests check the packing and padding that the graphs rely on.
 """
 
 from __future__ import annotations
@@ -15,73 +24,97 @@ import torch
 from engine.runner import Layout, pack_inputs
 from engine.scheduler import BatchPlan
 
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+# Fine steps where a pass reads the weights (padding is free), coarser where the GEMMs are compute-bound.
+MIXED_BUCKETS = tuple(range(16, 257, 16)) + tuple(range(320, 1025, 64))
+MAX_GRAPH_TOKENS = 1024  # above this an eager pass's GPU work hides its launches
 
 
-def bucket_sizes(max_batch: int) -> list[int]:
-    """The buckets up to ``max_batch``, which is always one (so every batch up to it has a graph)."""
-    return [b for b in BUCKETS if b < max_batch] + [max_batch]
+def bucket_sizes(max_size: int, buckets=DECODE_BUCKETS) -> list[int]:
+    """The buckets below ``max_size``, then ``max_size`` itself (so every size up to it has a graph)."""
+    return [b for b in buckets if b < max_size] + [max_size]
 
 
-class DecodeGraphs:
-    def __init__(self, runner, max_batch: int, capture: bool = True):
+class PassGraphs:
+    def __init__(self, runner, max_batch: int, max_tokens: int = 0, capture: bool = True):
         self.runner = runner
-        self.buckets = bucket_sizes(max_batch)
         self.max_batch = max_batch
+        self.buckets = bucket_sizes(max_batch)
+        self.mixed_buckets = bucket_sizes(max_tokens, MIXED_BUCKETS) if max_tokens > 1 else []
         self.width = runner.max_blocks
         self.capture = capture
-        self.static = torch.zeros(Layout(max_batch, max_batch, self.width, 0).size, dtype=torch.int32,
+        self.layouts = {("decode", b): Layout(b, b, self.width, 0) for b in self.buckets}
+        self.layouts.update({("mixed", t): Layout(t, min(t - 1, max_batch), self.width, min(t - 1, max_batch))
+                             for t in self.mixed_buckets})
+        self.static = torch.zeros(max(lay.size for lay in self.layouts.values()), dtype=torch.int32,
                                   device=runner.device)
-        self.layouts = {b: Layout(b, b, self.width, 0) for b in self.buckets}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[str, int], torch.Tensor] = {}
         if capture:
             self._capture_all()
 
+    def key(self, plan: BatchPlan) -> tuple[str, int] | None:
+        """The graph that runs ``plan``, or None for an eager pass."""
+        t, s = plan.num_tokens, plan.num_seqs
+        if t == s:
+            return ("decode", next(b for b in self.buckets if b >= t)) if t <= self.max_batch else None
+        if self.mixed_buckets and t <= self.mixed_buckets[-1]:
+            return "mixed", next(b for b in self.mixed_buckets if b >= t)
+        return None
+
     def fits(self, plan: BatchPlan) -> bool:
-        """Decode-only passes (every entry one token) up to the largest bucket."""
-        return plan.num_tokens == plan.num_seqs <= self.max_batch
+        return self.key(plan) is not None
 
-    def bucket(self, batch: int) -> int:
-        return next(b for b in self.buckets if b >= batch)
+    def padded_tokens(self, plan: BatchPlan) -> int | None:
+        """The token count a mixed-graph pass is padded to (None for decode-graph and eager passes)."""
+        key = self.key(plan)
+        return key[1] if key is not None and key[0] == "mixed" else None
 
-    def _forward(self, batch: int) -> torch.Tensor:
-        inputs = self.layouts[batch].inputs(self.static)
-        return self.runner.model.compute_logits(self.runner.forward(inputs))
+    def _forward(self, key: tuple[str, int]) -> torch.Tensor:
+        inputs = self.layouts[key].inputs(self.static)
+        hidden = self.runner.forward(inputs)
+        return self.runner.model.compute_logits(hidden if key[0] == "decode" else hidden[inputs.sample_rows])
 
-    def _fill_padding(self, batch: int) -> None:
-        """Inputs of ``batch`` padding sequences only: safe to run (nothing is written to the cache)."""
-        ids, pos, slots, ctx, qsl, tables, _ = self.layouts[batch].views(self.static)
-        ids.zero_(), pos.zero_(), slots.fill_(-1), ctx.fill_(1), tables.zero_()
-        qsl.copy_(torch.arange(batch + 1, dtype=torch.int32, device=qsl.device))
+    def _fill_padding(self, key: tuple[str, int]) -> None:
+        """Inputs of padding only: safe to run (nothing is written to the cache)."""
+        layout = self.layouts[key]
+        ids, pos, slots, ctx, qsl, tables, rows = layout.views(self.static)
+        ids.zero_(), pos.zero_(), slots.fill_(-1), ctx.fill_(1), tables.zero_(), rows.zero_()
+        if key[0] == "decode":  # one-token sequences of context 1
+            qsl.copy_(torch.arange(layout.seqs + 1, dtype=torch.int32, device=qsl.device))
+        else:  # empty sequences
+            qsl.zero_()
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         pool = None
-        for batch in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory pool
-            self._fill_padding(batch)
-            self._forward(batch)  # compiles this shape's kernels (Triton JIT) outside the capture
+        # largest first, so smaller graphs reuse its memory pool
+        for key in sorted(self.layouts, key=lambda k: self.layouts[k].size, reverse=True):
+            self._fill_padding(key)
+            self._forward(key)  # compiles this shape's kernels (Triton JIT) outside the capture
             torch.cuda.synchronize(self.runner.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[batch] = self._forward(batch)
+                self.logits[key] = self._forward(key)
             pool = graph.pool()
-            self.graphs[batch] = graph
+            self.graphs[key] = graph
         torch.cuda.synchronize(self.runner.device)
 
     @torch.inference_mode()
     def run(self, plan: BatchPlan) -> torch.Tensor:
         """Logits [S, vocab] of the plan's sampling rows, through the graph of the plan's bucket."""
-        batch = self.bucket(plan.num_seqs)
-        buf, layout = pack_inputs(plan, self.runner.block_size, width=self.width, pad_to=batch, all_rows=True)
+        key = self.key(plan)
+        layout = self.layouts[key]
+        buf, _ = pack_inputs(plan, self.runner.block_size, pad_to=layout, all_rows=key[0] == "decode")
         self.runner.to_device(buf, out=self.static)
         if self.capture:
-            self.graphs[batch].replay()
-            logits = self.logits[batch]
+            self.graphs[key].replay()
+            logits = self.logits[key]
         else:
-            logits = self._forward(batch)
-        n = plan.num_seqs
+            logits = self._forward(key)
+        if key[0] == "mixed":
+            return logits[:sum(plan.samples)]
         if all(plan.samples):
-            return logits[:n]
+            return logits[:plan.num_seqs]
         rows = [i for i, s in enumerate(plan.samples) if s]
         return logits[torch.tensor(rows, device=logits.device)]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.block_manager import BlockManager
+from engine.cuda_graphs import MAX_GRAPH_TOKENS
 from engine.memory import num_kv_blocks_for
 from engine.request import Request
 from engine.runner import ModelRunner
@@ -98,8 +99,9 @@ class LLMEngine:
     """Scheduler + model runner behind ``add_request`` / ``step`` / ``abort``.
 
     On CUDA the KV cache takes ``gpu_memory_utilization`` of the card minus the weights and the activation peak
-    of a pass of ``token_budget`` tokens (unless ``num_kv_blocks`` is given), and decode-only passes replay CUDA
-    graphs (``enforce_eager=True`` turns them off).
+    of a pass of ``token_budget`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is given), and
+    decode-only passes and passes of up to ``MAX_GRAPH_TOKENS`` tokens replay CUDA graphs (``enforce_eager=True``
+    turns them off).
     """
 
     def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
@@ -116,16 +118,19 @@ class LLMEngine:
             self.model.merge_projections()
         config = self.model_config
         self.max_model_len = min(config.max_model_len, max_model_len or config.max_model_len)
+        use_graphs = self.device.type == "cuda" and not enforce_eager
+        graph_tokens = min(MAX_GRAPH_TOKENS, token_budget, self.max_model_len) if use_graphs else 0
         if num_kv_blocks is None:
             num_kv_blocks = num_kv_blocks_for(config, block_size, self.dtype, self.device, max_num_seqs,
-                                              self.max_model_len, gpu_memory_utilization, self.model, token_budget)
+                                              self.max_model_len, gpu_memory_utilization, self.model, token_budget,
+                                              graph_tokens)
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.scheduler = make_scheduler(scheduler, self.block_manager, token_budget=token_budget,
                                         max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
         self.runner = ModelRunner(self.model, config, num_kv_blocks, block_size, self.device, self.dtype, seed,
                                   max_model_len=self.max_model_len,
-                                  max_graph_batch=min(max_num_seqs, token_budget),
-                                  use_cuda_graphs=self.device.type == "cuda" and not enforce_eager)
+                                  max_graph_batch=min(max_num_seqs, token_budget), max_graph_tokens=graph_tokens,
+                                  use_cuda_graphs=use_graphs)
         self.eos_token_id = config.eos_token_id
         self.extra_eos_token_ids = config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
         self._requests: dict[str, tuple[Request, Prompt]] = {}

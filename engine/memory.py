@@ -1,5 +1,6 @@
 """How many KV blocks fit: on a GPU, ``gpu_memory_utilization`` of the card minus what is in use after the weights
-load minus the activation peak of a profiling pass at the full token budget; on the CPU, a fixed budget."""
+load minus the activation peaks of a profiling pass at the full token budget and of one at the largest pass graph
+(CUDA graphs keep their own memory pool); on the CPU, a fixed budget."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ def profile_activation_bytes(model: nn.Module, config: ModelConfig, num_tokens: 
 
 def num_kv_blocks_for(config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device,
                       max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float = 0.9,
-                      model: nn.Module | None = None, token_budget: int = 2048) -> int:
+                      model: nn.Module | None = None, token_budget: int = 2048, graph_tokens: int = 0) -> int:
     """As many blocks as the memory budget holds, but no more than ``max_num_seqs`` full-length sequences need.
-    On CUDA, ``model`` (already on the device) is run once at ``token_budget`` tokens to measure activations."""
+    On CUDA, ``model`` (already on the device) is run at ``token_budget`` tokens, and at ``graph_tokens`` (the
+    largest pass graph, whose activations live in the graphs' own pool) if given, to measure activations."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     block_bytes = kv_block_bytes(config, block_size, dtype)
@@ -66,15 +68,19 @@ def num_kv_blocks_for(config: ModelConfig, block_size: int, dtype: torch.dtype, 
             tokens = min(token_budget, max_model_len)
             activation = profile_activation_bytes(model, config, tokens, min(max_num_seqs, tokens), block_size,
                                                   dtype, device)
+            if graph_tokens > 1:
+                activation += profile_activation_bytes(model, config, graph_tokens,
+                                                       min(max_num_seqs, graph_tokens - 1), block_size, dtype, device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         in_use = total - free  # weights, CUDA context, library workspaces, other processes
         budget = int(total * gpu_memory_utilization) - in_use - activation
         num_blocks = min(max(0, budget) // block_bytes, needed)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (card %.1f GiB x %.2f utilization; "
-                    "in use after loading %.2f GiB; activation peak at %d tokens %.2f GiB)", num_blocks, block_size,
-                    num_blocks * block_size, num_blocks * block_bytes / GiB, total / GiB, gpu_memory_utilization,
-                    in_use / GiB, min(token_budget, max_model_len), activation / GiB)
+                    "in use after loading %.2f GiB; activation peaks at %d tokens + %d in graphs %.2f GiB)",
+                    num_blocks, block_size, num_blocks * block_size, num_blocks * block_bytes / GiB, total / GiB,
+                    gpu_memory_utilization, in_use / GiB, min(token_budget, max_model_len), graph_tokens,
+                    activation / GiB)
     else:
         num_blocks = min(CPU_KV_CACHE_BYTES // block_bytes, needed)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB on the CPU", num_blocks, block_size,

@@ -1,9 +1,9 @@
 """ModelRunner: owns the model and its paged KV cache, turns a ``BatchPlan`` into ONE forward pass, samples.
 
 Host work per pass is vectorized numpy that packs every integer input into one int32 array, moved to the
-device in one copy (``pack_inputs``). Decode-only passes replay CUDA graphs (``engine.cuda_graphs``); the
-other passes run eagerly (their GEMMs are long enough to hide the launches). Sampling stays on the device; its
-``tolist`` is the one host sync of a pass.
+device in one copy (``pack_inputs``). Decode-only passes and passes of up to ``max_graph_tokens`` tokens replay
+CUDA graphs (``engine.cuda_graphs``); larger passes run eagerly (their GEMMs are long enough to hide the
+launches). Sampling stays on the device; its ``tolist`` is the one host sync of a pass.
 """
 
 from __future__ import annotations
@@ -56,25 +56,28 @@ class Layout:
         return ModelInputs(ids, pos, AttentionMetadata(slots, tables, ctx, qsl), rows)
 
 
-def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_to: int | None = None,
+def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_to: Layout | None = None,
                 all_rows: bool = False) -> tuple[np.ndarray, Layout]:
     """The plan's inputs in one int32 array. ``width``: block-table width (default: the longest table).
-    ``pad_to``: for a plan of one-token entries, pad to that many one-token sequences (CUDA graph buckets);
-    padding rows write nowhere (slot -1) and attend to one cached token. ``all_rows``: no sample rows (the
-    caller takes the logits of every row)."""
+    ``pad_to``: the layout of a CUDA graph bucket to pad into (see ``engine.cuda_graphs``): for a decode bucket
+    (as many tokens as sequences) padding sequences take one token each, write nowhere (slot -1) and attend to
+    one cached token; for a mixed bucket padding tokens belong to no sequence and padding sequences are empty,
+    and unused sample rows point at row 0. ``all_rows``: no sample rows (the caller takes every row's logits)."""
     requests = plan.requests
     num_seqs, num_tokens = len(requests), plan.num_tokens
     tables = [r.block_table for r in requests]
-    width = width or max(len(t) for t in tables)
-    seqs = tokens = num_seqs
-    if pad_to is not None:
-        if num_tokens != num_seqs or pad_to < num_seqs:
-            raise ValueError(f"cannot pad a pass of {num_tokens} tokens in {num_seqs} sequences to {pad_to}")
-        seqs = tokens = pad_to
-    else:
-        tokens = num_tokens
     samples = np.array(plan.samples, dtype=bool)
-    layout = Layout(tokens, seqs, width, 0 if all_rows else int(samples.sum()))
+    if pad_to is None:
+        layout = Layout(num_tokens, num_seqs, width or max(len(t) for t in tables),
+                        0 if all_rows else int(samples.sum()))
+    else:
+        layout = pad_to
+        decode_bucket = layout.tokens == layout.seqs
+        if (num_tokens > layout.tokens or num_seqs > layout.seqs or (decode_bucket and num_tokens != num_seqs)
+                or (not all_rows and samples.sum() > layout.samples)):
+            raise ValueError(f"cannot pad a pass of {num_tokens} tokens in {num_seqs} sequences into a graph of "
+                             f"{layout.tokens} tokens in {layout.seqs} sequences")
+    width = layout.width
     buf = np.zeros(layout.size, dtype=np.int32)
     ids, pos, slots, ctx, qsl, bt, rows = layout.views(buf)
     lens = np.fromiter(map(len, tables), dtype=np.int64, count=num_seqs)
@@ -98,20 +101,24 @@ def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_
         ids[:num_tokens] = token_ids
     pos[:num_tokens] = positions
     slots[:num_tokens] = bt[seq_of_token, positions // block_size] * block_size + positions % block_size
+    slots[num_tokens:] = -1
     ctx[:num_seqs] = starts + num_new
-    if seqs > num_seqs:  # padding: one-token sequences of context 1 whose key/value is never written
-        slots[num_tokens:] = -1
-        ctx[num_seqs:] = 1
-        qsl[num_seqs + 1:] = np.arange(num_tokens + 1, tokens + 1)
+    if layout.seqs > num_seqs:
+        if layout.tokens == layout.seqs:  # decode bucket: one-token sequences of context 1
+            ctx[num_seqs:] = 1
+            qsl[num_seqs + 1:] = np.arange(num_tokens + 1, layout.tokens + 1)
+        else:  # mixed bucket: empty sequences
+            qsl[num_seqs + 1:] = num_tokens
     if not all_rows:
-        rows[:] = ends[samples] - 1
+        rows[:int(samples.sum())] = ends[samples] - 1
     return buf, layout
 
 
 class ModelRunner:
     def __init__(self, model: nn.Module, config: ModelConfig, num_kv_blocks: int, block_size: int = 16,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
-                 max_model_len: int | None = None, max_graph_batch: int = 256, use_cuda_graphs: bool | None = None):
+                 max_model_len: int | None = None, max_graph_batch: int = 256, max_graph_tokens: int = 0,
+                 use_cuda_graphs: bool | None = None):
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -128,8 +135,8 @@ class ModelRunner:
         if use_cuda_graphs is None:
             use_cuda_graphs = self.device.type == "cuda"
         if use_cuda_graphs:
-            from engine.cuda_graphs import DecodeGraphs
-            self.graphs = DecodeGraphs(self, max_graph_batch, capture=self.device.type == "cuda")
+            from engine.cuda_graphs import PassGraphs
+            self.graphs = PassGraphs(self, max_graph_batch, max_graph_tokens, capture=self.device.type == "cuda")
 
     def to_device(self, buf: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """One host-to-device copy (pinned, asynchronous) of a packed buffer, into ``out`` if given."""
