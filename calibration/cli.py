@@ -13,8 +13,17 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
 
 
+def _row(name, n, median, p95, top) -> str:
+    return f"{name:<10} {n:>5} {median:>8} {p95:>8} {top:>8}"
+
+
+def _stats_row(name: str, s: dict) -> str:
+    return _row(name, s.get("n", 0), _pct(s.get("median_abs_rel_err")), _pct(s.get("p95_abs_rel_err")),
+                _pct(s.get("max_abs_rel_err")))
+
+
 def check_report(profile) -> str:
-    """Held-out error (overall and per sweep), KV capacity and provenance, as printed by ``--check``."""
+    """Held-out error (overall, per sweep, per path), KV capacity, paths and provenance: what ``--check`` prints."""
     m, fit = profile.meta, profile.fit
     lines = [f"profile: {m.get('model')} on {m.get('card')} ({m.get('dtype')}, tp={m.get('tensor_parallel')}), "
              f"kind={m.get('kind')}, date={m.get('date')}, commit={str(m.get('git_commit', '-'))[:12]}",
@@ -22,15 +31,24 @@ def check_report(profile) -> str:
              f"{profile.num_kv_blocks * profile.block_size} tokens; max_model_len {profile.max_model_len}",
              f"points: {len(profile.points)} ({fit.get('train', {}).get('n', 0)} fit, "
              f"{fit.get('heldout', {}).get('n', 0)} held out); target {fit.get('target')}",
-             f"{'held-out':<10} {'n':>5} {'median':>8} {'p95':>8} {'max':>8}"]
-    rows = [("all", fit.get("heldout", {}))] + sorted(fit.get("heldout_by_sweep", {}).items())
-    for name, s in rows:
-        lines.append(f"{name:<10} {s.get('n', 0):>5} {_pct(s.get('median_abs_rel_err')):>8} "
-                     f"{_pct(s.get('p95_abs_rel_err')):>8} {_pct(s.get('max_abs_rel_err')):>8}")
+             _row("held-out", "n", "median", "p95", "max")]
+    lines += [_stats_row(name, s) for name, s in
+              [("all", fit.get("heldout", {}))] + sorted(fit.get("heldout_by_sweep", {}).items())]
+    if fit.get("heldout_by_path"):  # profiles fitted before per-path stats have none
+        lines.append(_row("by path", "n", "median", "p95", "max"))
+        lines += [_stats_row(name, s) for name, s in fit["heldout_by_path"].items()]
     held = fit.get("heldout", {})
     ok = held.get("median_abs_rel_err") is not None and held["median_abs_rel_err"] <= 0.03 \
         and held["p95_abs_rel_err"] <= 0.08
     lines.append(f"target (median <= 3%, p95 <= 8%): {'met' if ok else 'NOT met'}")
+    model = profile.model
+    buckets = model.mixed_buckets if model.mixed is not None else []
+    lines.append(f"paths: decode graph up to {model.graph_max_batch} sequences, "
+                 + (f"mixed graph up to {buckets[-1]} tokens ({len(buckets)} buckets), " if buckets else "")
+                 + "eager otherwise")
+    if fit.get("path_mismatches"):
+        lines.append(f"WARNING: {fit['path_mismatches']} points ran another path (graph or not, padded tokens) "
+                     "than the model assumes: the engine and the profile's metadata disagree")
     if m.get("kind") != "measured":
         lines.append("NOTE: this profile is not measured on a GPU (" + str(m.get("note", m.get("kind"))) + ")")
     return "\n".join(lines)

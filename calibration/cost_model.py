@@ -1,8 +1,12 @@
 """The cost model: a ``BatchPlan``'s features -> predicted seconds of one engine step.
 
-The engine runs a pass one of two ways, and each way gets its own fitted ``CostModel``:
+The engine runs a pass one of three ways, and each way gets its own fitted ``CostModel``:
 - ``graph``: decode-only passes (every entry one token, at most ``graph_max_batch`` of them) replay a CUDA graph;
+- ``mixed``: other passes (with prompt tokens) of at most ``mixed_buckets[-1]`` tokens replay a CUDA graph
+  captured at the smallest bucket >= their token count: their GEMMs (and whatever else depends only on the
+  bucket) run on the padded count, so this model sees T = the bucket, while the other features stay the plan's;
 - ``eager``: everything else launches its kernels one by one from Python.
+Profiles measured before mixed graphs existed have no ``mixed`` model: their mixed passes are eager.
 
 A ``CostModel`` is
     t = max(H, G)      H = f0 + f_s * num_seqs + f_t * num_tokens                       (host floor, optional)
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -114,17 +119,29 @@ class CostModel:
 
 
 class PassModel:
-    """One ``CostModel`` per execution path, chosen per pass as the engine's runner chooses."""
+    """One ``CostModel`` per execution path, chosen per pass as the engine's runner chooses. ``mixed`` (optional)
+    is the mixed-graph path, taken by passes with prompt tokens of at most ``mixed_buckets[-1]`` tokens."""
 
-    __slots__ = ("graph", "eager", "graph_max_batch", "_graph", "_eager")
+    __slots__ = ("graph", "eager", "graph_max_batch", "mixed", "mixed_buckets", "_graph", "_eager", "_mixed",
+                 "_buckets")
 
-    def __init__(self, graph: CostModel, eager: CostModel, graph_max_batch: int) -> None:
+    def __init__(self, graph: CostModel, eager: CostModel, graph_max_batch: int, mixed: CostModel | None = None,
+                 mixed_buckets: Sequence[int] = ()) -> None:
         self.graph, self.eager, self.graph_max_batch = graph, eager, int(graph_max_batch)
+        self.mixed, self.mixed_buckets = mixed, check_buckets(mixed_buckets)
+        if mixed is not None and not self.mixed_buckets:
+            raise ValueError("a mixed-graph model needs mixed_buckets (the token counts its graphs pad to)")
         self._graph, self._eager = graph.predict_values, eager.predict_values
+        self._mixed = None if mixed is None else mixed.predict_values
+        self._buckets = self.mixed_buckets if mixed is not None else []  # empty: no pass takes the mixed path
 
     def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
         if num_tokens == num_seqs <= self.graph_max_batch:
             return self._graph(num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs)
+        b = self._buckets
+        if b and num_seqs < num_tokens <= b[-1]:
+            return self._mixed(b[bisect.bisect_left(b, num_tokens)], decode_context, prefill_attention, num_seqs,
+                               prefill_seqs)
         return self._eager(num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs)
 
     def predict(self, f: Mapping[str, float]) -> float:
@@ -132,26 +149,68 @@ class PassModel:
                                    f["prefill_seqs"])
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
-        graph = graph_mask(X, self.graph_max_batch)
-        return np.where(graph, self.graph.predict_array(X), self.eager.predict_array(X))
+        graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)
+        t = np.where(graph, self.graph.predict_array(X), self.eager.predict_array(X))
+        if mixed.any():
+            t = np.where(mixed, self.mixed.predict_array(padded(X, self._buckets)), t)
+        return t
+
+    def paths(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The path name ('graph', 'mixed' or 'eager') of each pass."""
+        graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)
+        return np.where(graph, "graph", np.where(mixed, "mixed", "eager"))
 
     def to_dict(self) -> dict:
-        return {"form": "per-path", "graph_max_batch": self.graph_max_batch, "graph": self.graph.to_dict(),
-                "eager": self.eager.to_dict()}
+        d = {"form": "per-path", "graph_max_batch": self.graph_max_batch, "graph": self.graph.to_dict(),
+             "eager": self.eager.to_dict()}
+        if self.mixed is not None:
+            d["mixed"] = self.mixed.to_dict()
+        if self.mixed_buckets:
+            d["mixed_buckets"] = list(self.mixed_buckets)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> PassModel:
+        """Also reads models without ``mixed``/``mixed_buckets`` (measured before mixed graphs): no mixed path."""
         if not isinstance(d, Mapping) or d.get("form") != "per-path":
             raise ValueError(f"cost model must be a mapping with form 'per-path', got {str(d)[:80]!r}")
         for key in ("graph", "eager", "graph_max_batch"):
             if key not in d:
                 raise ValueError(f"cost model lacks {key!r}")
-        return cls(CostModel.from_dict(d["graph"]), CostModel.from_dict(d["eager"]), d["graph_max_batch"])
+        mixed = CostModel.from_dict(d["mixed"]) if d.get("mixed") is not None else None
+        return cls(CostModel.from_dict(d["graph"]), CostModel.from_dict(d["eager"]), d["graph_max_batch"], mixed,
+                   d.get("mixed_buckets", ()))
+
+
+def check_buckets(buckets) -> list[int]:
+    """``buckets`` as a list of ints, or ValueError unless they are strictly increasing positive integers."""
+    if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (Sequence, np.ndarray)):
+        raise ValueError(f"mixed_buckets must be a list of token counts, got {buckets!r}")
+    if not all(isinstance(b, numbers.Integral) and not isinstance(b, bool) and b > 0 for b in buckets):
+        raise ValueError(f"mixed_buckets must be positive integers, got {list(buckets)}")
+    out = [int(b) for b in buckets]
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"mixed_buckets must be strictly increasing, got {out}")
+    return out
 
 
 def graph_mask(X: Mapping[str, np.ndarray], graph_max_batch: int) -> np.ndarray:
     T, S = np.asarray(X["num_tokens"]), np.asarray(X["num_seqs"])
     return (T == S) & (S <= graph_max_batch)
+
+
+def path_masks(X: Mapping[str, np.ndarray], graph_max_batch: int, buckets: Sequence[int]) -> tuple:
+    """(decode-graph mask, mixed-graph mask); the rest is eager. No buckets: no mixed-graph pass."""
+    T, S = np.asarray(X["num_tokens"]), np.asarray(X["num_seqs"])
+    mixed = (T > S) & (T <= buckets[-1]) if len(buckets) else np.zeros(T.shape, dtype=bool)
+    return graph_mask(X, graph_max_batch), mixed
+
+
+def padded(X: Mapping[str, np.ndarray], buckets: Sequence[int]) -> dict[str, np.ndarray]:
+    """``X`` with ``num_tokens`` replaced by the smallest bucket >= it (the largest bucket past the last one)."""
+    T = np.asarray(X["num_tokens"], dtype=float)
+    b = np.asarray(buckets, dtype=float)
+    return {**X, "num_tokens": b[np.minimum(np.searchsorted(b, T, side="left"), len(b) - 1)]}
 
 
 def term_names(knots: Sequence[float]) -> list[str]:

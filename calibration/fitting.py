@@ -53,9 +53,26 @@ def fit_path(X: Mapping[str, np.ndarray], y: np.ndarray, knots, seed: int) -> tu
 
 
 def graph_max_batch(points: Sequence[Mapping], meta: Mapping) -> int:
-    """The largest decode batch the engine replays as a graph: seen in the points, else from the metadata."""
-    seen = [p["num_seqs"] for p in points if p.get("graph")]
+    """The largest decode batch the engine replays as a graph: seen in the points, else from the metadata.
+    Mixed-graph points (``graph_tokens`` set) also have ``graph`` set and do not count."""
+    seen = [p["num_seqs"] for p in points
+            if p.get("graph") and p.get("graph_tokens") is None and p["num_tokens"] == p["num_seqs"]]
     return max(seen) if seen else int(meta.get("graph_max_batch", 0))
+
+
+def path_mismatches(model: cost_model.PassModel, points: Sequence[Mapping]) -> int:
+    """How many points the engine ran another way than ``model`` assumes, by their recorded ``graph`` and
+    ``graph_tokens`` (a point without them counts as agreeing)."""
+    X = columns(points, ("num_tokens", "num_seqs"))
+    paths = model.paths(X)
+    tokens = cost_model.padded(X, model.mixed_buckets)["num_tokens"] if model.mixed_buckets else X["num_tokens"]
+    bad = 0
+    for p, path, t in zip(points, paths, tokens):
+        if "graph" in p and bool(p["graph"]) != (path != "eager"):
+            bad += 1
+        elif "graph_tokens" in p and p["graph_tokens"] != (t if path == "mixed" else None):
+            bad += 1
+    return bad
 
 
 def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num_kv_blocks: int,
@@ -63,6 +80,8 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
                   knots: Sequence[float] | None = None, target: str = TARGET) -> Profile:
     """Fit each path on its training points, score on the held-out ones, and bundle it all into a ``Profile``.
 
+    Paths: decode graph, mixed graph (if ``meta["mixed_graph_buckets"]`` lists buckets; fitted with each pass's
+    tokens padded to its bucket) and eager. A path with fewer than 3 training points borrows another's fit.
     Without ``knots``, each path's form is chosen by cross-validation on its training points alone."""
     points = [dict(p) for p in points]
     if len(points) < 10:
@@ -72,30 +91,50 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
     train = [p for p in points if p["split"] == "train"]
     held = [p for p in points if p["split"] == "heldout"]
     max_batch = graph_max_batch(points, meta)
+    buckets = cost_model.check_buckets(meta.get("mixed_graph_buckets") or [])
     X_train = columns(train, cost_model.FEATURES)
     y_train = np.array([p[target] for p in train])
-    on_graph = cost_model.graph_mask(X_train, max_batch)
+    on_graph, on_mixed = cost_model.path_masks(X_train, max_batch, buckets)
+    X_padded = cost_model.padded(X_train, buckets) if buckets else X_train
     models, selection = {}, {}
-    for path, mask in (("graph", on_graph), ("eager", ~on_graph)):
-        if mask.sum() < 3:  # a path the sweep never took: borrow the other's fit
+    for path, mask, X_path in (("graph", on_graph, X_train), ("mixed", on_mixed, X_padded),
+                               ("eager", ~(on_graph | on_mixed), X_train)):
+        if path == "mixed" and not buckets:
             continue
-        X = {n: v[mask] for n, v in X_train.items()}
-        models[path], selection[path] = fit_path(X, y_train[mask], knots, seed)
+        if mask.sum() < 3:  # a path the sweep (nearly) never took: borrow another's fit
+            selection[path] = {"n": int(mask.sum())}
+            continue
+        X = {n: v[mask] for n, v in X_path.items()}
+        models[path], info = fit_path(X, y_train[mask], knots, seed)
+        selection[path] = {"n": int(mask.sum()), **info}
     if not models:
-        raise ValueError("too few points on either path to fit")
-    model = cost_model.PassModel(models.get("graph") or models["eager"], models.get("eager") or models["graph"],
-                                 max_batch)
+        raise ValueError("too few points on every path to fit")
+
+    def pick(path: str, *others: str) -> cost_model.CostModel:
+        name = next(n for n in (path, *others) if n in models)
+        if name != path:
+            selection[path]["borrowed"] = name
+        return models[name]
+
+    mixed = pick("mixed", "eager", "graph") if buckets else None
+    model = cost_model.PassModel(pick("graph", "eager", "mixed"), pick("eager", "mixed", "graph"), max_batch,
+                                 mixed, buckets)
     fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed, "selection": selection,
            "train": cost_model.error_stats(cost_model.relative_errors(model, X_train, y_train))}
+    fit["path_mismatches"] = path_mismatches(model, points)
     if held:
+        X_held = columns(held, cost_model.FEATURES)
         y_held = np.array([p[target] for p in held])
-        rel = cost_model.relative_errors(model, columns(held, cost_model.FEATURES), y_held)
+        rel = cost_model.relative_errors(model, X_held, y_held)
         fit["heldout"] = cost_model.error_stats(rel)
         by_sweep = {}
         for kind in sorted({p.get("sweep", "all") for p in held}):
             mask = np.array([p.get("sweep", "all") == kind for p in held])
             by_sweep[kind] = cost_model.error_stats(rel[mask])
         fit["heldout_by_sweep"] = by_sweep
+        paths = model.paths(X_held)
+        fit["heldout_by_path"] = {path: cost_model.error_stats(rel[paths == path])
+                                  for path in ("graph", "mixed", "eager") if path != "mixed" or buckets}
     else:
         fit["heldout"] = cost_model.error_stats(np.array([]))
     return Profile(meta, block_size, num_kv_blocks, max_model_len, model, points=points,

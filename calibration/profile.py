@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,10 +36,12 @@ class Profile:
         self.fit = dict(fit or {})
         self._predict_values = model.predict_values
         self._n_noise = len(self.noise)
-        # Both paths' coefficients, for the inlined ``predict_plan`` (a ``PassModel``; anything else goes through
-        # its ``predict_values``).
+        # Every path's coefficients, for the inlined ``predict_plan`` (a ``PassModel``; anything else goes through
+        # its ``predict_values``). No mixed model: no buckets, so no pass takes that path.
         if isinstance(model, PassModel):
-            self._paths = (model.graph_max_batch, model.graph.terms(), model.eager.terms())
+            mixed = model.mixed.terms() if model.mixed is not None else None
+            self._paths = (model.graph_max_batch, model.graph.terms(), model.eager.terms(), mixed,
+                           model.mixed_buckets if mixed is not None else [])
         else:
             self._paths = None
 
@@ -65,7 +67,15 @@ class Profile:
             return self._predict_values(num_tokens, decode_context, prefill_attention, num_seqs, num_seqs - d)
         # PassModel.predict_values and CostModel.predict_values inlined, with the same float operations in the
         # same order (so the result is bit-identical to ``predict(plan.features())``).
-        knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[1] if num_tokens == num_seqs <= paths[0] else paths[2]
+        if num_tokens == num_seqs <= paths[0]:
+            knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[1]
+        else:
+            buckets = paths[4]
+            if buckets and num_seqs < num_tokens <= buckets[-1]:
+                num_tokens = buckets[bisect_left(buckets, num_tokens)]  # the mixed graph's padded pass
+                knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[3]
+            else:
+                knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[2]
         j = bisect_right(knots, num_tokens)
         t = base[j] + slope[j] * num_tokens
         t += a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs

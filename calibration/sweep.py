@@ -104,9 +104,15 @@ def sweep_meta(llm, model: str, dtype: str, device: torch.device, ceilings: dict
             "kind": "measured", "versions": versions(), "git_commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "block_size": llm.block_manager.block_size, "num_kv_blocks": llm.block_manager.num_blocks,
-            "max_model_len": llm.max_model_len, "max_num_seqs": MAX_NUM_SEQS, **ceilings,
+            "max_model_len": llm.max_model_len, "max_num_seqs": MAX_NUM_SEQS,
+            "mixed_graph_buckets": mixed_graph_buckets(llm), **ceilings,
             "timing": "wall_s = scheduler.schedule + median(runner.run, host clock with device sync) "
                       "+ scheduler.update; gpu_s = CUDA events around runner.run"}
+
+
+def mixed_graph_buckets(llm) -> list[int]:
+    """The token counts the engine's mixed-pass CUDA graphs pad to (empty without such graphs)."""
+    return [int(b) for b in getattr(getattr(llm.runner, "graphs", None), "mixed_buckets", None) or []]
 
 
 class PointTimer:
@@ -166,11 +172,13 @@ def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generat
         plans.release(sched)
     host = sched_s + update_s
     uses_graph = getattr(llm.runner, "uses_graph", None)
+    padded_tokens = getattr(getattr(llm.runner, "graphs", None), "padded_tokens", None)
     point = {"sweep": spec.sweep, "key": spec.key, **plan.features(), "run_s": float(np.median(walls)),
              "sched_s": sched_s, "update_s": update_s, "wall_s": float(np.median(walls)) + host,
              "wall_repeats": [round(w + host, 7) for w in walls]}
     if uses_graph is not None:
         point["graph"] = bool(uses_graph(plan))
+    point["graph_tokens"] = padded_tokens(plan) if padded_tokens is not None else None
     if gpus[0] is not None:
         point["gpu_s"] = float(np.median(gpus))
         point["gpu_repeats"] = [round(g, 7) for g in gpus]
@@ -228,6 +236,9 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
             f.write(json.dumps({"header": header}) + "\n")
     elif header.get("card") != (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"):
         raise ValueError(f"{points_path} was measured on {header.get('card')!r}; resume it on the same card")
+    elif header.get("mixed_graph_buckets", []) != mixed_graph_buckets(llm):
+        raise ValueError(f"{points_path} was measured with mixed-graph buckets {header.get('mixed_graph_buckets')}, "
+                         f"this engine has {mixed_graph_buckets(llm)}; choose another --out or delete it")
     bm = llm.block_manager
     if specs is None:
         specs = plans.sweep_specs(llm.max_model_len, bm.num_blocks, bm.block_size, seed=seed)

@@ -12,12 +12,18 @@ import pytest
 from calibration import cost_model, plans
 from calibration.fitting import build_profile, split_points
 from calibration.profile import FORMAT, VERSION, Profile, load_profile, shipped_profiles
+from calibration.profile import resolve as profile_path
 from engine.block_manager import BlockManager
 
 KNOTS = (256.0, 1024.0)
 TRUE = {"intercept": 4e-3, "tokens": 2e-6, "hinge_0": 2.5e-5, "hinge_1": 1e-5, "decode_context": 2e-8,
         "prefill_attention": 3e-10, "num_seqs": 1.5e-5, "prefill_seqs": 5e-5}
 GRAPH = {**TRUE, "intercept": 3e-3, "decode_context": 1.5e-8}
+MIXED = {**TRUE, "intercept": 2e-3, "tokens": 3e-6, "hinge_0": 1.5e-5, "num_seqs": 1e-5, "prefill_seqs": 3e-5}
+BUCKETS = list(range(16, 257, 16)) + list(range(320, 1025, 64))  # as the engine's mixed graphs, capped at 1024
+
+
+META = {"model": "synthetic", "card": "none", "dtype": "bf16", "tensor_parallel": 1, "kind": "analytic"}
 
 
 def synthetic_points(model, seed: int = 0, noise: float = 0.002) -> list[dict]:
@@ -36,9 +42,26 @@ def truth_model() -> cost_model.PassModel:
 
 
 def synthetic_profile(**kw) -> Profile:
-    meta = {"model": "synthetic", "card": "none", "dtype": "bf16", "tensor_parallel": 1, "kind": "analytic",
-            "graph_max_batch": 256}
+    meta = {**META, "graph_max_batch": 256}
     return build_profile(synthetic_points(truth_model(), **kw), meta, 16, 6000, 4096, knots=KNOTS)
+
+
+def truth_model_3(floor=None) -> cost_model.PassModel:
+    """Decode graph, mixed graph (its passes padded to ``BUCKETS``) and eager, each with its own parameters."""
+    return cost_model.PassModel(cost_model.CostModel(KNOTS, GRAPH, floor), cost_model.CostModel(KNOTS, TRUE, floor),
+                                256, cost_model.CostModel(KNOTS, MIXED, floor), BUCKETS)
+
+
+def synthetic_profile_3() -> Profile:
+    """Fitted on points as a sweep of the graphed engine records them (``graph``, ``graph_tokens``)."""
+    truth = truth_model_3()
+    points = synthetic_points(truth)
+    X = {n: np.array([p[n] for p in points], dtype=float) for n in cost_model.FEATURES}
+    padded = cost_model.padded(X, BUCKETS)["num_tokens"]
+    for p, path, t in zip(points, truth.paths(X), padded):
+        p["graph"], p["graph_tokens"] = path != "eager", int(t) if path == "mixed" else None
+    meta = {**META, "mixed_graph_buckets": BUCKETS}
+    return build_profile(points, meta, 16, 6000, 4096, knots=KNOTS)
 
 
 def test_fit_recovers_known_parameters_of_each_path():
@@ -52,6 +75,112 @@ def test_fit_recovers_known_parameters_of_each_path():
     assert graph["tokens"] + graph["num_seqs"] == pytest.approx(GRAPH["tokens"] + GRAPH["num_seqs"], rel=0.1)
     assert profile.fit["heldout"]["median_abs_rel_err"] < 0.005
     assert profile.fit["heldout"]["n"] > 0 and profile.fit["train"]["n"] > profile.fit["heldout"]["n"]
+
+
+def test_fit_recovers_known_parameters_of_three_paths():
+    profile = synthetic_profile_3()
+    model, fit = profile.model, profile.fit
+    assert model.graph_max_batch == 256 and model.mixed_buckets == BUCKETS
+    assert fit["path_mismatches"] == 0
+    assert all(fit["selection"][path]["n"] > 30 for path in ("graph", "mixed", "eager"))
+    # the mixed path sees only bucket token counts (16..1024): knot 1024 has no data above it and is dropped
+    assert model.mixed.knots == [256.0]
+    for name, value in MIXED.items():
+        if name != "hinge_1":
+            assert model.mixed.coef[name] == pytest.approx(value, rel=0.1), name
+    for name in ("intercept", "decode_context"):
+        assert model.graph.coef[name] == pytest.approx(GRAPH[name], rel=0.1), name
+    for name in ("decode_context", "prefill_attention"):  # eager passes are all long: only these are sharp
+        assert model.eager.coef[name] == pytest.approx(TRUE[name], rel=0.15), name
+    assert set(fit["heldout_by_path"]) == {"graph", "mixed", "eager"}
+    for path, stats in fit["heldout_by_path"].items():
+        assert stats["n"] > 5 and stats["median_abs_rel_err"] < 0.005, path
+    assert sum(s["n"] for s in fit["heldout_by_path"].values()) == fit["heldout"]["n"]
+
+
+def test_mixed_path_pads_tokens_to_the_bucket():
+    model = truth_model_3()
+    f = {"decode_context": 5000, "prefill_attention": 90000, "num_seqs": 4, "prefill_seqs": 1}
+    mixed, eager = model.mixed.predict, model.eager.predict
+    assert model.predict({**f, "num_tokens": 300}) == mixed({**f, "num_tokens": 320})
+    assert model.predict({**f, "num_tokens": 320}) == mixed({**f, "num_tokens": 320})
+    assert model.predict({**f, "num_tokens": 5}) == mixed({**f, "num_tokens": 16})
+    assert model.predict({**f, "num_tokens": 1024}) == mixed({**f, "num_tokens": 1024})
+    assert model.predict({**f, "num_tokens": 1025}) == eager({**f, "num_tokens": 1025})
+    decode = {"num_tokens": 300, "decode_context": 5000, "prefill_attention": 0, "num_seqs": 300, "prefill_seqs": 0}
+    assert model.predict(decode) == eager(decode)  # a decode batch past graph_max_batch is eager, not padded
+    assert model.predict({**decode, "num_tokens": 200, "num_seqs": 200}) == model.graph.predict(
+        {**decode, "num_tokens": 200, "num_seqs": 200})
+    pts = synthetic_points(model, noise=0.0)
+    X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
+    np.testing.assert_allclose(model.predict_array(X), [model.predict(p) for p in pts], rtol=1e-12)
+    assert set(model.paths(X)) == {"graph", "mixed", "eager"}
+
+
+def test_model_without_mixed_keys_loads_and_keeps_mixed_passes_eager():
+    # profiles measured before mixed graphs have no "mixed"/"mixed_buckets": their mixed passes stay eager
+    three = truth_model_3()
+    d = three.to_dict()
+    assert d["mixed_buckets"] == BUCKETS and d["mixed"]["form"] == "hinge-linear"
+    old = {k: v for k, v in d.items() if k not in ("mixed", "mixed_buckets")}
+    loaded = cost_model.PassModel.from_dict(old)
+    assert loaded.mixed is None and loaded.mixed_buckets == []
+    assert "mixed" not in loaded.to_dict() and "mixed_buckets" not in loaded.to_dict()
+    for p in synthetic_points(three, noise=0.0)[:80]:
+        assert loaded.predict(p) == (three.graph if p["num_tokens"] == p["num_seqs"] <= 256 else three.eager
+                                     ).predict(p)
+    again = cost_model.PassModel.from_dict(json.loads(json.dumps(d)))
+    for p in synthetic_points(three, noise=0.0)[:80]:
+        assert again.predict(p) == three.predict(p)
+    for name in shipped_profiles():  # shipped profiles predate mixed graphs
+        assert "mixed" not in json.loads((profile_path(name)).read_text())["cost_model"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(mixed_buckets=[512, 256]), "strictly increasing"),
+    (lambda d: d.update(mixed_buckets=[16, 16, 32]), "strictly increasing"),
+    (lambda d: d.update(mixed_buckets=[0, 16]), "positive integers"),
+    (lambda d: d.update(mixed_buckets=[16, 32.5]), "positive integers"),
+    (lambda d: d.update(mixed_buckets=[True, 16]), "positive integers"),
+    (lambda d: d.update(mixed_buckets="16,32"), "list of token counts"),
+    (lambda d: d.update(mixed_buckets=None), "list of token counts"),
+    (lambda d: d.pop("mixed_buckets"), "needs mixed_buckets"),
+    (lambda d: d["mixed"]["coef"].pop("tokens"), "tokens"),
+])
+def test_malformed_mixed_path_rejected(tmp_path, mutate, message):
+    data = synthetic_profile().to_dict()
+    data["cost_model"] = truth_model_3().to_dict()
+    load_profile(_write(tmp_path, data))  # well-formed as written
+    mutate(data["cost_model"])
+    with pytest.raises(ValueError, match=f"cost_model.*{message}"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_fit_rejects_malformed_bucket_metadata():
+    meta = {**META, "mixed_graph_buckets": [64, 32]}
+    with pytest.raises(ValueError, match="mixed_buckets must be strictly increasing"):
+        build_profile(synthetic_points(truth_model()), meta, 16, 6000, 4096, knots=KNOTS)
+
+
+def test_fit_counts_points_the_engine_ran_another_way():
+    points = synthetic_points(truth_model_3())
+    for p in points:  # recorded as an engine with decode graphs only would run them
+        p["graph"], p["graph_tokens"] = p["num_tokens"] == p["num_seqs"] <= 256, None
+    meta = {**META, "mixed_graph_buckets": BUCKETS}
+    profile = build_profile(points, meta, 16, 6000, 4096, knots=KNOTS)
+    wrong = sum(1 for p in points if p["num_seqs"] < p["num_tokens"] <= 1024)
+    assert wrong > 50 and profile.fit["path_mismatches"] == wrong
+    from calibration.cli import check_report
+
+    assert f"WARNING: {wrong} points ran another path" in check_report(profile)
+
+
+def test_a_path_without_points_borrows_the_eager_fit():
+    pts = [p for p in synthetic_points(truth_model()) if not p["num_seqs"] < p["num_tokens"] <= 64]
+    meta = {**META, "mixed_graph_buckets": [16, 32, 64]}
+    profile = build_profile(pts, meta, 16, 6000, 4096, knots=KNOTS)
+    assert profile.model.mixed is profile.model.eager
+    assert profile.fit["selection"]["mixed"] == {"n": 0, "borrowed": "eager"}
 
 
 def test_fit_drops_knots_without_data_and_predicts_through_segments():
@@ -159,30 +288,52 @@ def test_predict_plan_equals_predict_of_features():
         assert profile.predict_plan(plan) == profile.predict(plan.features())
 
 
-def test_predict_plan_equals_predict_of_features_for_shipped_profiles_and_both_paths():
-    # predict_plan inlines both paths' coefficients: it must stay bit-identical to predict(features()), on
-    # decode-only passes (graph path, up to and past graph_max_batch) and mixed ones, with and without a floor.
+def _plan(rng, num_decodes: int, chunks: list[int]):
     from engine.request import Request
     from engine.scheduler import BatchPlan
 
+    plan = BatchPlan()
+    for _ in range(num_decodes):
+        plan.requests.append(Request("d", num_prompt_tokens=1))
+        plan.start_positions.append(int(rng.integers(0, 4000)))
+        plan.num_new_tokens.append(1)
+        plan.num_decodes += 1
+    for n in chunks:
+        plan.requests.append(Request("p", num_prompt_tokens=n))
+        plan.start_positions.append(int(rng.integers(0, 3000)))
+        plan.num_new_tokens.append(n)
+        plan.num_prefill_tokens += n
+    return plan
+
+
+def test_predict_plan_equals_predict_of_features_on_every_path():
+    # predict_plan inlines every path's coefficients: it must stay bit-identical to predict(features()), on
+    # decode-only passes (graph path, up to and past graph_max_batch), mixed-graph passes (at, inside and past
+    # the largest bucket) and eager ones, with and without a floor.
+    floor = {"floor": 1.2e-2, "floor_seqs": 2e-5, "floor_tokens": 1e-6}
+    meta = synthetic_profile().meta
+    profiles = [load_profile(name) for name in shipped_profiles()]
+    profiles += [synthetic_profile(), synthetic_profile_3(), Profile(meta, 16, 6000, 4096, truth_model_3(floor))]
+    assert any(p.model.mixed is not None and p.model.mixed.floor is not None for p in profiles)
     rng = np.random.default_rng(5)
-    for name in [*shipped_profiles(), None]:
-        profile = load_profile(name) if name else synthetic_profile()
+    for profile in profiles:
         gmb = profile.model.graph_max_batch
+        plans_ = []
         for _ in range(300):
-            plan = BatchPlan()
-            for _ in range(int(rng.choice([1, 2, 7, gmb, gmb + 1, int(rng.integers(1, 300))]))):
-                plan.requests.append(Request("d", num_prompt_tokens=1))
-                plan.start_positions.append(int(rng.integers(0, 4000)))
-                plan.num_new_tokens.append(1)
-                plan.num_decodes += 1
-            for _ in range(int(rng.integers(0, 3)) if plan.num_decodes > 1 else int(rng.integers(1, 3))):
-                n = int(rng.integers(1, 2048))
-                plan.requests.append(Request("p", num_prompt_tokens=n))
-                plan.start_positions.append(int(rng.integers(0, 3000)))
-                plan.num_new_tokens.append(n)
-                plan.num_prefill_tokens += n
-            assert profile.predict_plan(plan) == profile.predict(plan.features()), name
+            d = int(rng.choice([1, 2, 7, gmb, gmb + 1, int(rng.integers(1, 300))]))
+            chunks = [int(rng.integers(1, 2048)) for _ in range(int(rng.integers(0, 3)) if d > 1
+                                                                 else int(rng.integers(1, 3)))]
+            plans_.append(_plan(rng, d, chunks))
+        for b in BUCKETS[:3] + BUCKETS[-3:]:  # token counts at, just inside and just past buckets
+            for t in (b - 1, b, b + 1):
+                d = int(rng.integers(0, min(t - 1, 40)))
+                plans_.append(_plan(rng, d, [t - d]))
+        paths = set()
+        for plan in plans_:
+            f = plan.features()
+            assert profile.predict_plan(plan) == profile.predict(f), profile
+            paths.add(str(profile.model.paths({k: np.array([v]) for k, v in f.items()})[0]))
+        assert paths == ({"graph", "mixed", "eager"} if profile.model.mixed is not None else {"graph", "eager"})
 
 
 def test_noise_factors_equal_sample_factor_draws():
@@ -240,3 +391,9 @@ def test_plots_write_latency_and_throughput_html(tmp_path):
     written = write_plots(synthetic_profile(), tmp_path, png=False)
     assert sorted(p.name.rsplit("-", 1)[-1] for p in written) == ["latency.html", "throughput.html"]
     assert all("synthetic" in p.read_text() for p in written)
+
+
+def test_fit_without_buckets_has_two_paths():
+    fit = synthetic_profile().fit
+    assert set(fit["selection"]) == set(fit["heldout_by_path"]) == {"graph", "eager"}
+    assert fit["path_mismatches"] == 0

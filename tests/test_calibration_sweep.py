@@ -28,8 +28,10 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
     header, points = _sweep(path, SPECS[:4])
     assert header["kind"] == "measured" and header["model"] == "tiny-llama" and header["num_kv_blocks"] > 0
     assert [p["key"] for p in points] == [s.key for s in SPECS[:4]]
+    assert header["mixed_graph_buckets"] == []  # no CUDA graphs on the CPU
     for p, s in zip(points, SPECS):
         assert {k: p[k] for k in plans.spec_features(s)} == plans.spec_features(s)
+        assert p["graph_tokens"] is None
         assert p["wall_s"] >= p["run_s"] > 0 and len(p["wall_repeats"]) >= 3
     lines_before = len(path.read_text().splitlines())
     _, points = _sweep(path, SPECS)  # resumes: only the new passes are measured
@@ -48,6 +50,46 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
     assert "KV capacity" in result.output and json.loads(out.read_text())["meta"]["card"] == "cpu"
     result = CliRunner().invoke(profile_cmd, ["--check", str(out)])
     assert result.exit_code == 0 and "held-out" in result.output
+
+
+def test_measure_records_the_graph_path_and_its_padded_tokens():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from calibration.sweep import measure, mixed_graph_buckets
+    from engine.block_manager import BlockManager
+
+    def padded_tokens(plan):
+        return next((b for b in (16, 64) if b >= plan.num_tokens), None) if plan.num_tokens > plan.num_seqs else None
+
+    class Timer:
+        def time(self, plan):
+            return [0.01] * 3, [None] * 3, [1] * sum(plan.samples)
+
+    graphs = SimpleNamespace(mixed_buckets=(16, 64), padded_tokens=padded_tokens)
+    runner = SimpleNamespace(graphs=graphs, uses_graph=lambda plan: plan.num_tokens <= 64)
+    llm = SimpleNamespace(runner=runner, model_config=SimpleNamespace(vocab_size=100),
+                          block_manager=BlockManager(64, 16), max_model_len=512)
+    assert mixed_graph_buckets(llm) == [16, 64]
+    rng = np.random.default_rng(0)
+    cases = [(SPECS[1], True, 64), (SPECS[4], False, None), (SPECS[-2], True, 16), (SPECS[-1], True, 64),
+             (SPECS[6], True, None)]  # prefill of 17 and 100 tokens; mixed of 14 and 19 tokens; decode of 4
+    for spec, graph, tokens in cases:
+        point = measure(llm, spec, Timer(), rng)
+        assert (point["graph"], point["graph_tokens"]) == (graph, tokens), spec
+    llm.runner = SimpleNamespace()  # a runner of an engine without graphs
+    assert mixed_graph_buckets(llm) == []
+    point = measure(llm, SPECS[1], Timer(), rng)
+    assert "graph" not in point and point["graph_tokens"] is None
+
+
+def test_resume_refuses_other_mixed_graph_buckets(tmp_path):
+    path = tmp_path / "p.points.jsonl"
+    path.write_text(json.dumps({"header": {"model": "tiny-llama", "dtype": "fp32", "card": "cpu",
+                                           "mixed_graph_buckets": [16, 32]}}) + "\n")
+    with pytest.raises(ValueError, match="mixed-graph buckets"):
+        _sweep(path, SPECS[:1])
 
 
 def test_resume_refuses_other_model(tmp_path):
