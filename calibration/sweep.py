@@ -26,15 +26,19 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 MAX_NUM_SEQS = max(plans.DECODE_BATCHES)  # the engine is configured for the largest batch the sweep measures
+# and for a budget at which every pass graph exists (mixed-pass graphs reach min(budget, 1,024) tokens), so the
+# profile predicts a budget-2,048 engine, the engine benchmark's, including its KV capacity
+TOKEN_BUDGET = 2048
 
 
 def make_engine(model: str, dtype: str, device: str, seed: int, block_size: int, gpu_memory_utilization: float):
     """The real engine, built as ``LLMEngine`` builds itself (so the KV capacity and the decode graphs are the
-    engine's own), configured for up to ``MAX_NUM_SEQS`` sequences."""
+    engine's own), configured for up to ``MAX_NUM_SEQS`` sequences at ``TOKEN_BUDGET``."""
     from engine.llm import LLMEngine
 
     return LLMEngine(model, dtype=DTYPES[dtype], device=device, seed=seed, block_size=block_size,
-                     gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=MAX_NUM_SEQS)
+                     gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=MAX_NUM_SEQS,
+                     token_budget=TOKEN_BUDGET)
 
 
 def _median_seconds(fn, repeats: int = 10) -> float:
@@ -104,7 +108,7 @@ def sweep_meta(llm, model: str, dtype: str, device: torch.device, ceilings: dict
             "kind": "measured", "versions": versions(), "git_commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "block_size": llm.block_manager.block_size, "num_kv_blocks": llm.block_manager.num_blocks,
-            "max_model_len": llm.max_model_len, "max_num_seqs": MAX_NUM_SEQS,
+            "max_model_len": llm.max_model_len, "max_num_seqs": MAX_NUM_SEQS, "token_budget": TOKEN_BUDGET,
             "mixed_graph_buckets": mixed_graph_buckets(llm), **ceilings,
             "timing": "wall_s = scheduler.schedule + median(runner.run, host clock with device sync) "
                       "+ scheduler.update; gpu_s = CUDA events around runner.run"}

@@ -76,13 +76,16 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float) 
         record.error = "no tokens received"
 
 
-async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float) -> list[Record]:
+async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
+                       t0: float | None = None) -> list[Record]:
+    """Send every request (open or closed loop); times are seconds since ``t0`` (a ``time.perf_counter`` value,
+    system-wide on Linux, so client processes started together can share it; default: now)."""
     import httpx
 
     records = [Record(i, int(p), int(o)) for i, (p, o) in enumerate(zip(table.prompt_tokens, table.output_tokens))]
     limits = httpx.Limits(max_connections=max(clients, 1) + 1024)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10), limits=limits) as client:
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
         if table.arrivals is not None:  # open loop: send at the scheduled times, whatever the server does
             async def at(i: int) -> None:
                 await asyncio.sleep(max(0.0, t0 + float(table.arrivals[i]) - time.perf_counter()))
