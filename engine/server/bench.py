@@ -153,7 +153,8 @@ def scrape(url: str) -> dict:
     values = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ("splitfuse_preemptions_total", "splitfuse_tokens_per_pass_sum", "splitfuse_tokens_per_pass_count"):
+        if name in ("splitfuse_preemptions_total", "splitfuse_tokens_per_pass_sum", "splitfuse_tokens_per_pass_count",
+                    "splitfuse_engine_busy_seconds_total"):
             values[name] = float(value)
     return values
 
@@ -164,7 +165,8 @@ def server_delta(before: dict, after: dict) -> dict:
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     passes = d.get("splitfuse_tokens_per_pass_count", 0)
     return {"preemptions": int(d.get("splitfuse_preemptions_total", 0)), "passes": int(passes),
-            "mean_tokens_per_pass": d.get("splitfuse_tokens_per_pass_sum", 0) / passes if passes else np.nan}
+            "mean_tokens_per_pass": d.get("splitfuse_tokens_per_pass_sum", 0) / passes if passes else np.nan,
+            "engine_busy_s": d.get("splitfuse_engine_busy_seconds_total", np.nan)}
 
 
 @click.command()

@@ -138,6 +138,7 @@ class AsyncEngine:
         self.max_waiting = max_waiting
         self.metrics = ServingMetrics(self.stats)
         self.error: BaseException | None = None
+        self.busy_s = 0.0  # seconds spent in engine.step()
         self._streams: dict[object, RequestStream] = {}
         self._timing: dict[object, _Timing] = {}
         self._ops: list[tuple] = []  # ("add", stream, prompt, params, future) | ("abort", request_id)
@@ -249,7 +250,7 @@ class AsyncEngine:
                 await self._wake.wait()
                 continue
             self._stepping = True
-            step = loop.run_in_executor(self._executor, self.engine.step)
+            step = loop.run_in_executor(self._executor, self._timed_step)
             if pending is not None:  # hand out the last pass's tokens while the GPU runs this one
                 self._dispatch(*pending)
             try:
@@ -281,11 +282,19 @@ class AsyncEngine:
                 op[4].set_exception(EngineDead(f"the engine failed: {error!r}"))
         self._ops.clear()
 
+    def _timed_step(self):
+        t0 = time.perf_counter()
+        try:
+            return self.engine.step()
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
     # -- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Running/waiting requests and KV use, read from the engine's scheduler and block manager."""
         scheduler = getattr(self.engine, "scheduler", None)
-        out = {"running": 0, "waiting": self.num_waiting, "active_streams": len(self._streams)}
+        out = {"running": 0, "waiting": self.num_waiting, "active_streams": len(self._streams),
+               "busy_s": self.busy_s}
         if scheduler is None:
             return out
         bm = scheduler.block_manager

@@ -60,11 +60,11 @@ class EngineSpec:
 
 
 # -- the engine process ------------------------------------------------------------------------------------------
-def _engine_stats(engine) -> dict:
+def _engine_stats(engine, busy_s: float = 0.0) -> dict:
     scheduler, bm = engine.scheduler, engine.block_manager
     return {"running": len(scheduler.running), "waiting": len(scheduler.waiting), "kv_usage": bm.usage,
             "kv_free_blocks": bm.num_free_blocks, "kv_total_blocks": bm.num_blocks,
-            "preemptions": scheduler.num_preemptions, "unfinished": engine.has_unfinished()}
+            "preemptions": scheduler.num_preemptions, "unfinished": engine.has_unfinished(), "busy_s": busy_s}
 
 
 def _read_commands(conn, commands: queue.SimpleQueue) -> None:
@@ -109,6 +109,7 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
                      daemon=True).start()
 
     passes: list[int] = []
+    busy_s = 0.0  # seconds spent in engine.step()
     schedule = engine.scheduler.schedule
 
     def watched(*args, **kwargs):
@@ -140,14 +141,16 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
                     acks.append((request_id, str(e)))
                 else:
                     acks.append((request_id, None))
-            out_conn.send(("state", acks, _engine_stats(engine)))
+            out_conn.send(("state", acks, _engine_stats(engine, busy_s)))
         if not engine.has_unfinished():
             continue
+        t0 = time.perf_counter()
         try:
             outputs = engine.step()
         except BaseException as e:  # noqa: BLE001
             out_conn.send(("dead", f"{type(e).__name__}: {e}"))
             return
+        busy_s += time.perf_counter() - t0
         items = []
         for output in outputs:
             request_id, tokens, finished, reason = _unpack(output)
@@ -156,7 +159,7 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
                 rm.first_scheduled_time - rm.arrival_time
             items.append((request_id, tokens, finished, reason, queue_time))
         if items or passes:  # a pass that scheduled nothing has nothing to say
-            out_conn.send(("out", items, passes, _engine_stats(engine)))
+            out_conn.send(("out", items, passes, _engine_stats(engine, busy_s)))
             passes = []
 
 

@@ -107,6 +107,8 @@ class ServingMetrics:
             r.add(Gauge(p + key, help, read=lambda key=key: stats().get(key, 0)))
         r.add(Gauge(p + "preemptions_total", "Preemptions by recompute since start.",
                     read=lambda: stats().get("preemptions", 0), kind="counter"))
+        r.add(Gauge(p + "engine_busy_seconds_total", "Seconds the engine spent in steps (forward passes).",
+                    read=lambda: stats().get("busy_s", 0.0), kind="counter"))
 
     def render(self) -> str:
         return self.registry.render()
