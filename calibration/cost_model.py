@@ -230,16 +230,29 @@ def floor_matrix(X: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.column_stack([np.ones_like(T), np.asarray(X["num_seqs"], dtype=float), T])
 
 
+def supported_knots(T: np.ndarray, knots: Sequence[float], min_points: int = 2) -> list[float]:
+    """The knots the data can place: at least ``min_points`` tokens counts beyond the knot, and as many in the
+    segment that ends at it (a knot inside a stretch without data would bend the line there at random: e.g.
+    mixed-graph passes of one sweep padded to 512 and 768 but to nothing between)."""
+    kept: list[float] = []
+    for k in (float(k) for k in knots):
+        prev = kept[-1] if kept else -math.inf
+        if ((T > k).sum() >= min_points and ((T > prev) & (T <= k)).sum() >= min_points
+                and (T < k).sum() >= min_points):
+            kept.append(k)
+    return kept
+
+
 def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEFAULT_KNOTS,
         floor: bool = False) -> CostModel:
-    """Least squares on relative residuals. Knots without at least two points on each side are dropped, and
+    """Least squares on relative residuals. Knots the data cannot place (``supported_knots``) are dropped, and
     terms the data cannot identify (a feature that is constant zero) are fixed at zero. With ``floor``, the
     max(H, G) form is fitted, starting from the linear fit of G."""
     from scipy.optimize import least_squares, lsq_linear
 
     y = np.asarray(y, dtype=float)
     T = np.asarray(X["num_tokens"], dtype=float)
-    knots = [float(k) for k in knots if (T > k).sum() >= 2 and (T < k).sum() >= 2]
+    knots = supported_knots(T, knots)
     names = term_names(knots)
     A = design_matrix(X, knots)
     scale = np.abs(A).max(axis=0)

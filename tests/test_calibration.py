@@ -132,8 +132,17 @@ def test_model_without_mixed_keys_loads_and_keeps_mixed_passes_eager():
     again = cost_model.PassModel.from_dict(json.loads(json.dumps(d)))
     for p in synthetic_points(three, noise=0.0)[:80]:
         assert again.predict(p) == three.predict(p)
-    for name in shipped_profiles():  # shipped profiles predate mixed graphs
-        assert "mixed" not in json.loads((profile_path(name)).read_text())["cost_model"]
+
+def test_measured_profiles_know_the_engines_pass_graphs():
+    """Measured profiles carry the mixed-graph path with the engine's own buckets; analytic ones have none."""
+    from engine.cuda_graphs import MAX_GRAPH_TOKENS, MIXED_BUCKETS, bucket_sizes
+
+    for name in shipped_profiles():
+        d = json.loads(profile_path(name).read_text())
+        if d["meta"]["kind"] == "measured":
+            assert d["cost_model"]["mixed_buckets"] == bucket_sizes(MAX_GRAPH_TOKENS, MIXED_BUCKETS), name
+        else:
+            assert "mixed" not in d["cost_model"], name
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -190,6 +199,22 @@ def test_fit_drops_knots_without_data_and_predicts_through_segments():
     assert model.knots == [256.0]
     rel = cost_model.relative_errors(model, X, np.array([p["wall_s"] for p in pts]))
     assert np.median(np.abs(rel)) < 0.01
+
+
+def test_knots_inside_a_stretch_without_data_are_dropped():
+    """Passes padded to 512 and 768 but to nothing between (as one H200 sweep's mixed-graph passes were): a knot
+    at 640 would bend the line where nothing measures it (it cost a 67% error on a held-out 617-token pass)."""
+    T = np.array([256.0] * 3 + [384.0] * 3 + [512.0] * 4 + [768.0] * 4 + [1024.0] * 3)
+    assert cost_model.supported_knots(T, (384, 512, 640, 768)) == [384.0, 512.0, 768.0]
+    assert cost_model.supported_knots(T, (300, 320, 384)) == [300.0, 384.0]  # (300, 320] holds no point
+    rng = np.random.default_rng(0)
+    X = {n: np.zeros_like(T) for n in cost_model.FEATURES}
+    X["num_tokens"] = T
+    y = (5e-3 + 2e-5 * T) * np.exp(rng.normal(0, 0.002, T.size))
+    model = cost_model.fit(X, y, cost_model.DENSE_KNOTS)
+    assert 640.0 not in model.knots
+    between = {**{n: 0.0 for n in cost_model.FEATURES}, "num_tokens": 640.0}
+    assert model.predict(between) == pytest.approx(5e-3 + 2e-5 * 640, rel=0.01)
 
 
 def test_fit_recovers_a_host_floor():
