@@ -53,30 +53,12 @@ def fast_random_init(model, seed: int, std: float = 0.02) -> None:
                 param.normal_(0.0, std, generator=generator)
 
 
-def event_ms(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
-
-
 def ceilings() -> dict:
-    n, m = 1 << 29, 8192  # a 1 GiB bf16 copy; an 8192^3 bf16 product; random data
-    src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    copy_ms = float(np.median(event_ms(lambda: dst.copy_(src), 20)))
-    a, b = torch.randn(m, m, device=DEV, dtype=torch.bfloat16), torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    mm_ms = float(np.median(event_ms(lambda: a @ b, 20)))
-    return {"copy_Bps": 2 * n * 2 / (copy_ms * 1e-3), "matmul_flops": 2 * m ** 3 / (mm_ms * 1e-3)}
+    """The copy-bandwidth and bf16-matmul ceilings, measured as the calibration sweep measures them."""
+    from calibration.sweep import device_ceilings
+
+    c = device_ceilings(torch.device(DEV))
+    return {"copy_Bps": c["copy_bandwidth_Bps"], "matmul_flops": c["matmul_flops"]}
 
 
 # ---- hand-built passes over the engine's own cache --------------------------------------------------------

@@ -54,14 +54,11 @@ def bench_graph(fns) -> float:
 
 
 def ceilings() -> tuple[float, float]:
-    src = torch.randn(1 << 28, device=DEV)  # 1 GiB of fp32
-    dst = torch.empty_like(src)
-    t = do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3
-    copy_bw = 2 * src.numel() * 4 / t
-    n = 8192
-    a, b = torch.randn(n, n, device=DEV, dtype=DT), torch.randn(n, n, device=DEV, dtype=DT)
-    t = do_bench(lambda: a @ b, warmup=20, rep=200, return_mode="median") * 1e-3
-    return copy_bw, 2 * n ** 3 / t
+    """(copy bandwidth, bf16 matmul rate), measured as the calibration sweep measures them."""
+    from calibration.sweep import device_ceilings
+
+    c = device_ceilings(torch.device(DEV))
+    return c["copy_bandwidth_Bps"], c["matmul_flops"]
 
 
 class Batch:
