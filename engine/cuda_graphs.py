@@ -1,7 +1,7 @@
 """CUDA graphs of whole passes: decode-only passes bucketed by batch size, and passes with prompt tokens
 (chunks, with or without decodes) bucketed by token count.
 
-An eager pass launches ~16 kernels per layer from Python: ~16 ms of host time for a 7B model, longer than the
+An eager pass launches ~13 kernels per layer from Python: 16-37 ms of host time for a 7B model, longer than the
 GPU work of any pass under ~700 tokens, and jittery. Replaying a captured graph removes that cost.
 
 Every graph reads its inputs from views of one static int32 buffer (laid out as ``runner.Layout`` for its

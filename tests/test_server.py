@@ -126,6 +126,7 @@ def test_200_concurrent_streams_finish_and_return_to_idle(served):
     gc.collect()
     engine_pid = server.loop.stats()["engine_pid"]
     idle_rss, idle_engine_rss = rss_bytes(), rss_bytes(engine_pid)
+    busy = metric(url, "splitfuse_engine_busy_seconds_total")
 
     results = asyncio.run(many_streams(url, 200, 24))
     assert len(results) == 200
@@ -138,6 +139,7 @@ def test_200_concurrent_streams_finish_and_return_to_idle(served):
     wait_idle(server)
     assert metric(url, "splitfuse_kv_free_blocks") == NUM_BLOCKS
     assert metric(url, "splitfuse_running") == 0 and metric(url, "splitfuse_waiting") == 0
+    assert metric(url, "splitfuse_engine_busy_seconds_total") > busy  # the passes of those 203 requests
     assert not server.loop._streams and not server.loop._timing
     gc.collect()
     assert rss_bytes() - idle_rss < 64 << 20, "memory did not return near its idle level"
