@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from engine.runner import Layout, pack_inputs
 from engine.scheduler import BatchPlan
 
@@ -91,11 +92,12 @@ class PassGraphs:
         # largest first, so smaller graphs reuse its memory pool
         for key in sorted(self.layouts, key=lambda k: self.layouts[k].size, reverse=True):
             self._fill_padding(key)
-            self._forward(key)  # compiles this shape's kernels (Triton JIT) outside the capture
-            torch.cuda.synchronize(self.runner.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[key] = self._forward(key)
+            with kernels.triton_linears():  # few-row products through Triton, in the warm-up and in the graph
+                self._forward(key)  # compiles this shape's kernels (Triton JIT) outside the capture
+                torch.cuda.synchronize(self.runner.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[key] = self._forward(key)
             pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize(self.runner.device)

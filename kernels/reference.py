@@ -93,3 +93,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2I] (gate then up, a merged projection) -> silu(gate) * up [..., I]."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias) -> [..., N], as ``nn.Linear``."""
+    return F.linear(x, weight, bias)

@@ -60,6 +60,15 @@ def test_paged_attention_full_size(q_lens, ctxs):
     assert rel_err(tri.paged_attention(*args, HEAD_DIM ** -0.5), ref.paged_attention(*args, HEAD_DIM ** -0.5)) < TOL
 
 
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("n,k", [(12288, HIDDEN), (HIDDEN, INTER), (32000, HIDDEN)])
+def test_linear_full_size(rows, n, k):
+    ref, lin = kernels_pair("triton_linear")
+    x = torch.randn(rows, k, device="cuda", dtype=DT)
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(DT)
+    assert rel_err(lin.linear_with(x, w, None, lin.default_config(rows, n, k)), ref.linear(x.float(), w.float())) < TOL
+
+
 def test_write_kv_full_size():
     ref, tri = kernels_pair("triton_attention")
     tokens = 4096

@@ -28,7 +28,7 @@ import triton  # noqa: E402  (a dev dependency: missing triton must fail this fi
 
 from kernels import reference as ref  # noqa: E402
 
-_MODULES = ("triton_attention", "triton_norm", "triton_rotary", "triton_activation")
+_MODULES = ("triton_attention", "triton_norm", "triton_rotary", "triton_activation", "triton_linear")
 
 
 if not _IN_PROCESS:
@@ -213,6 +213,56 @@ def test_silu_and_mul(tk, poison, dtype, width):
     expect = ref.silu_and_mul(x)
     assert out.shape == (5, width // 2) and out.dtype == dtype
     assert _rel_err(out, expect) < _TOL[dtype]
+
+
+# bf16 only through the one-row path: the interpreter's bf16 tl.dot is wrong (see the module docstring)
+@pytest.mark.parametrize("rows,dtype,block_m", [(1, torch.bfloat16, 1), (1, torch.float16, 1), (1, torch.float32, 1),
+                                                (3, torch.float16, 1), (5, torch.float32, 16),
+                                                (19, torch.float16, 16)])
+@pytest.mark.parametrize("n,k,bias", [(64, 256, False), (72, 200, True)])
+def test_linear(tk, poison, rows, dtype, block_m, n, k, bias):
+    x = torch.randn(rows, k).to(dtype)
+    w = (torch.randn(n, k) / k ** 0.5).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    cfg = tk["triton_linear"].LinearConfig(block_m, 16, 64, 4, 2)
+    out = tk["triton_linear"].linear_with(x, w, b, cfg)
+    assert out.shape == (rows, n) and out.dtype == dtype
+    assert _rel_err(out, ref.linear(x.float(), w.float(), None if b is None else b.float())) < _TOL[dtype]
+
+
+def test_linear_dispatch_and_errors(tk, monkeypatch):
+    lin = tk["triton_linear"]
+    x = torch.randn(2, 3, 32)
+    w = torch.randn(48, 32)
+    calls, kernel = [], lin.linear_with
+    monkeypatch.setattr(lin, "linear_with", lambda *a: calls.append(a[3]) or kernel(*a))
+    out = lin.linear(x.half(), w.half())  # [2, 3, 32]: six rows through the kernel, shape kept
+    assert out.shape == (2, 3, 48) and _rel_err(out, ref.linear(x, w)) < _TOL[torch.float16]
+    assert calls == [lin.default_config(6, 48, 32)]
+    lin.linear(torch.randn(17, 32).half(), w.half())  # past MAX_ROWS: cuBLAS
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="expected x"):
+        kernel(x, w[:, :16], None, lin.default_config(6, 48, 32))
+    with pytest.raises(ValueError, match="dtypes"):
+        kernel(x, w.half(), None, lin.default_config(6, 48, 32))
+    with pytest.raises(ValueError, match="block_m"):
+        kernel(x, w, None, lin.LinearConfig(8, 16, 32, 4, 2))
+
+
+def test_linear_dispatch_only_within_triton_linears(tk, monkeypatch):
+    """``kernels.linear`` runs the Triton kernel only inside ``triton_linears()`` (the graph capture)."""
+    import kernels
+    seen = []
+    monkeypatch.setattr(kernels, "_impl", lambda module, x: seen.append(module) or ref)
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    kernels.linear(x, w)
+    with kernels.triton_linears():
+        kernels.linear(x, w)
+        with kernels.triton_linears():
+            pass
+        kernels.linear(x, w)  # still inside after a nested block ends
+    kernels.linear(x, w)
+    assert seen == ["triton_linear", "triton_linear"]
 
 
 def test_dispatch_uses_reference_off_cuda():

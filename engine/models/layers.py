@@ -45,13 +45,20 @@ def act_and_mul(x: torch.Tensor, name: str) -> torch.Tensor:
     return activation(name)(gate) * up
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` through the kernel dispatcher (few-row products use ``kernels.triton_linear`` on CUDA)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)
+
+
 @torch.no_grad()
-def merge_linears(*linears: nn.Linear) -> nn.Linear:
+def merge_linears(*linears: nn.Linear) -> Linear:
     """One Linear whose output is the outputs of ``linears`` concatenated (one GEMM instead of several)."""
     first = linears[0]
     bias = first.bias is not None
-    merged = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=bias,
-                       device=first.weight.device, dtype=first.weight.dtype)
+    merged = Linear(first.in_features, sum(m.out_features for m in linears), bias=bias,
+                    device=first.weight.device, dtype=first.weight.dtype)
     merged.weight.copy_(torch.cat([m.weight for m in linears]))
     if bias:
         merged.bias.copy_(torch.cat([m.bias for m in linears]))

@@ -15,6 +15,7 @@ from engine.models.config import ModelConfig
 from engine.models.layers import (
     AttentionMetadata,
     KVCache,
+    Linear,
     PagedAttention,
     RMSNorm,
     RotaryEmbedding,
@@ -29,13 +30,13 @@ class LlamaAttention(nn.Module):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.rotary = RotaryEmbedding(c.head_dim, c.max_model_len, c.rope_theta, c.rope_scaling)
         self.attn = PagedAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5)
-        self.qkv_proj: nn.Linear | None = None
+        self.qkv_proj: Linear | None = None
 
     def merge_projections(self) -> None:
         """Replace q/k/v_proj by one ``qkv_proj`` (after loading: checkpoints keep the three names)."""
@@ -61,12 +62,12 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
         self.act_name = c.hidden_act
         self.act = activation(c.hidden_act)
-        self.gate_up_proj: nn.Linear | None = None
+        self.gate_up_proj: Linear | None = None
 
     def merge_projections(self) -> None:
         """Replace gate/up_proj by one ``gate_up_proj`` feeding a fused act-and-multiply."""
@@ -113,7 +114,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:

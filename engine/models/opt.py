@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.models.config import ModelConfig
-from engine.models.layers import AttentionMetadata, KVCache, PagedAttention, activation
+from engine.models.layers import AttentionMetadata, KVCache, Linear, PagedAttention, activation
 
 POSITION_OFFSET = 2  # OPT's position table has two extra leading rows (a fairseq padding legacy)
 
@@ -19,10 +19,10 @@ class OPTAttention(nn.Module):
         super().__init__()
         c = config
         self.num_heads, self.head_dim = c.num_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
-        self.k_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
-        self.v_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
-        self.out_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
+        self.q_proj = Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
+        self.k_proj = Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
+        self.v_proj = Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
+        self.out_proj = Linear(c.hidden_size, c.hidden_size, bias=c.enable_bias)
         self.attn = PagedAttention(c.num_heads, c.num_heads, c.head_dim, c.head_dim ** -0.5)
 
     def forward(self, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
@@ -39,8 +39,8 @@ class OPTDecoderLayer(nn.Module):
         self.pre_norm = c.do_layer_norm_before
         self.self_attn = OPTAttention(c)
         self.self_attn_layer_norm = nn.LayerNorm(c.hidden_size, elementwise_affine=c.layer_norm_elementwise_affine)
-        self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.enable_bias)
-        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.enable_bias)
+        self.fc1 = Linear(c.hidden_size, c.intermediate_size, bias=c.enable_bias)
+        self.fc2 = Linear(c.intermediate_size, c.hidden_size, bias=c.enable_bias)
         self.final_layer_norm = nn.LayerNorm(c.hidden_size, elementwise_affine=c.layer_norm_elementwise_affine)
         self.act = activation(c.hidden_act)
 
@@ -61,8 +61,8 @@ class OPTDecoder(nn.Module):
         proj_dim = c.word_embed_proj_dim
         self.embed_tokens = nn.Embedding(c.vocab_size, proj_dim)
         self.embed_positions = nn.Embedding(c.max_position_embeddings + POSITION_OFFSET, c.hidden_size)
-        self.project_in = nn.Linear(proj_dim, c.hidden_size, bias=False) if proj_dim != c.hidden_size else None
-        self.project_out = nn.Linear(c.hidden_size, proj_dim, bias=False) if proj_dim != c.hidden_size else None
+        self.project_in = Linear(proj_dim, c.hidden_size, bias=False) if proj_dim != c.hidden_size else None
+        self.project_out = Linear(c.hidden_size, proj_dim, bias=False) if proj_dim != c.hidden_size else None
         has_final_norm = c.do_layer_norm_before and not c.remove_final_layer_norm
         self.final_layer_norm = (nn.LayerNorm(c.hidden_size, elementwise_affine=c.layer_norm_elementwise_affine)
                                  if has_final_norm else None)
@@ -93,7 +93,7 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = OPTModel(config)
-        self.lm_head = nn.Linear(config.word_embed_proj_dim, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.word_embed_proj_dim, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:

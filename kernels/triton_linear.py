@@ -1,0 +1,118 @@
+"""Triton linear layer for few rows (decode batches): y = x @ W^T + b, same contract as ``reference.linear``.
+
+With few rows a linear layer is a stream over its weight matrix, and its speed is the bandwidth of that stream.
+Each program owns BLOCK_N output columns and walks the whole of K, so a weight element is read exactly once,
+with no split-K reduction kernel after it. One row (BLOCK_M == 1) accumulates ``w * x`` element-wise in fp32
+registers and reduces once at the end; more rows use ``tl.dot`` on a [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N]
+tile, whose operand loads Triton pipelines through shared memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    if BLOCK_M == 1:
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            if EVEN:
+                w = tl.load(w_ptrs + k)
+                x = tl.load(x_ptrs + k)
+            else:
+                k_ok = (offs_k + k) < K
+                w = tl.load(w_ptrs + k, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                x = tl.load(x_ptrs + k, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
+        acc = tl.sum(acc2, 1)[None, :]
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            if EVEN:
+                w = tl.load(w_ptrs + k)
+                x = tl.load(x_ptrs + k, mask=m_ok[:, None], other=0.0)
+            else:
+                k_ok = (offs_k + k) < K
+                w = tl.load(w_ptrs + k, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                x = tl.load(x_ptrs + k, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Rows up to which ``linear`` uses this kernel on CUDA, cuBLAS beyond: at 1-16 rows it beat cuBLAS by 1-18% per
+# shape on an H200, at 32 and more it lost (benchmarks/linear_gpu.py). 0 turns the kernel off.
+MAX_ROWS = 16
+
+
+def default_config(m: int, n: int, k: int) -> LinearConfig:
+    """Launch shape for an [m, k] x [k, n] product: the best of a sweep over Llama-2-7B and Llama-3-8B shapes
+    on an H200 (``benchmarks/linear_gpu.py --sweep``), within 1% (one row) and 4% (2-16 rows) of each shape's
+    own best."""
+    if m == 1:
+        return LinearConfig(1, 8, 1024 if k % 1024 == 0 else 512, 4, 3)
+    return LinearConfig(16, 32, 256, 4, 5)
+
+
+def linear_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: LinearConfig) -> torch.Tensor:
+    """``linear`` with an explicit launch config (tests and tuning)."""
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"expected x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
+        raise ValueError(f"dtypes differ: x {x.dtype}, weight {weight.dtype}, bias {getattr(bias, 'dtype', None)}")
+    if cfg.block_m != 1 and cfg.block_m < 16:
+        raise ValueError(f"block_m {cfg.block_m}: 1, or at least 16 for tl.dot")
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    m = x2.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0 or n == 0:
+        return y.reshape(*x.shape[:-1], n)
+    even = n % cfg.block_n == 0 and k % cfg.block_k == 0
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    _linear_kernel[grid](x2, weight, bias if bias is not None else weight, y, m, n, k, x2.stride(0),
+                         weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
+                         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", NUM_STAGES=cfg.num_stages,
+                         num_warps=cfg.num_warps)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T (+ bias) -> [..., N]: this kernel for up to ``MAX_ROWS`` rows of bf16/fp16,
+    else cuBLAS."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows > MAX_ROWS or x.dtype == torch.float32:
+        return torch.nn.functional.linear(x, weight, bias)
+    return linear_with(x, weight, bias, default_config(rows, *weight.shape))
