@@ -265,10 +265,12 @@ def main() -> None:
                       + (f" {row['TFLOP/s']:.0f} TFLOP/s" if flops else ""), flush=True)
 
         for model in MODELS:
-            for batch, ctx in ((64, 1024), (16, 1024), (8, 4096)):
+            for batch, ctx in ((64, 1024), (16, 1024), (8, 4096), (1, 1024)):
                 b = make([1] * batch, [ctx] * batch, model)
-                try_cfgs(b, f"{model} dec {batch}x{ctx}", [ta.AttentionConfig(16, 64, 4, 3, num_splits=s)
-                                                            for s in (1, 2, 4, 8)], nbytes=b.kv_bytes)
+                splits = (1, 2, 4, 8) if batch > 1 else (1, 2, 4, 8, 16)
+                blocks_n = (64,) if batch > 1 else (16, 32, 64)
+                try_cfgs(b, f"{model} dec {batch}x{ctx}", [ta.AttentionConfig(16, bn, 4, 3, num_splits=s)
+                                                            for s in splits for bn in blocks_n], nbytes=b.kv_bytes)
             del b
 
     path = dump()
