@@ -92,7 +92,7 @@ class PassGraphs:
         # largest first, so smaller graphs reuse its memory pool
         for key in sorted(self.layouts, key=lambda k: self.layouts[k].size, reverse=True):
             self._fill_padding(key)
-            with kernels.triton_linears():  # few-row products through Triton, in the warm-up and in the graph
+            with kernels.graph_kernels():  # the graphs' kernel choices, in the warm-up and in the graph
                 self._forward(key)  # compiles this shape's kernels (Triton JIT) outside the capture
                 torch.cuda.synchronize(self.runner.device)
                 graph = torch.cuda.CUDAGraph()

@@ -35,21 +35,24 @@ class ModelInputs:
 class Layout:
     """Where each input sits in the packed int32 buffer of a pass of ``tokens`` rows, ``seqs`` sequences, block
     tables ``width`` wide and ``samples`` sampling rows: ids | positions | slots | context lens | qsl | tables |
-    sample rows."""
+    sample rows. Each section starts on a 16-byte boundary: Triton specializes a kernel on whether each pointer
+    argument is 16-byte aligned, so offsets that moved with the pass's shape compiled new variants mid-run."""
+
+    ALIGN = 4  # int32 elements
 
     def __init__(self, tokens: int, seqs: int, width: int, samples: int):
         self.tokens, self.seqs, self.width, self.samples = tokens, seqs, width, samples
-        self.ctx = 3 * tokens
-        self.qsl = self.ctx + seqs
-        self.tables = self.qsl + seqs + 1
-        self.rows = self.tables + seqs * width
-        self.size = self.rows + samples
+        sizes = (tokens, tokens, tokens, seqs, seqs + 1, seqs * width, samples)
+        self.offsets = [0]
+        for n in sizes:
+            self.offsets.append(self.offsets[-1] + -(-n // self.ALIGN) * self.ALIGN)
+        self.sizes = sizes
+        self.size = self.offsets[-1]
 
     def views(self, buf):
         """(ids, positions, slots, context_lens, qsl, block_tables, sample_rows) views of ``buf``."""
-        t, s = self.tokens, self.seqs
-        return (buf[:t], buf[t:2 * t], buf[2 * t:3 * t], buf[self.ctx:self.qsl], buf[self.qsl:self.tables],
-                buf[self.tables:self.rows].reshape(s, self.width), buf[self.rows:self.size])
+        ids, pos, slots, ctx, qsl, tables, rows = (buf[o:o + n] for o, n in zip(self.offsets, self.sizes))
+        return ids, pos, slots, ctx, qsl, tables.reshape(self.seqs, self.width), rows
 
     def inputs(self, buf: torch.Tensor) -> ModelInputs:
         ids, pos, slots, ctx, qsl, tables, rows = self.views(buf)

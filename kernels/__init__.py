@@ -6,7 +6,7 @@
 - ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k.
 - ``triton_activation.py``: fused SiLU-and-multiply of a merged gate/up projection.
 - ``triton_linear.py``: linear layers of few rows (decode batches) as one weight stream, no split-K; used inside
-  ``triton_linears()``, which the engine's CUDA-graph capture enters.
+  ``graph_kernels()``, which the engine's CUDA-graph capture enters.
 
 The functions below dispatch: Triton when the tensor is on a CUDA device and triton imports, else the
 reference. Triton is imported lazily, so this package imports on machines without it.
@@ -48,8 +48,11 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
     """See ``reference.paged_attention``."""
-    return _impl("triton_attention", q).paged_attention(q, k_cache, v_cache, block_tables, context_lens,
-                                                        query_start_loc, scale)
+    impl = _impl("triton_attention", q)
+    if impl is reference:
+        return reference.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+    return impl.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                                strided=_GRAPH_KERNELS)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -69,24 +72,27 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _impl("triton_activation", x).silu_and_mul(x)
 
 
-_TRITON_LINEARS = False
+_GRAPH_KERNELS = False
 
 
 @contextlib.contextmanager
-def triton_linears():
-    """Within: ``linear`` of few rows on CUDA runs ``triton_linear``'s kernel; outside: cuBLAS. The engine captures
-    its CUDA graphs (decode batches of 1-16, the 16-token bucket) and their warm-up runs within, so every variant
-    compiles at start-up. Eager passes stay outside: their LM head over a few sampled rows met new specializations
-    mid-run (seven ~2 s JIT stalls in the offline benchmark's timed run) for a ~3% gain on a 70 us product."""
-    global _TRITON_LINEARS
-    before, _TRITON_LINEARS = _TRITON_LINEARS, True
+def graph_kernels():
+    """Within: the kernel choices for CUDA-graph capture. The engine captures its graphs and runs their warm-up
+    within, so every variant compiles at start-up.
+    - ``linear`` of few rows on CUDA runs ``triton_linear``'s kernel (outside: cuBLAS). Eager passes stay on cuBLAS:
+      their LM head over a few sampled rows met new specializations mid-run (seven ~2 s JIT stalls in the offline
+      benchmark's timed run) for a ~3% gain on a 70 us product.
+    - ``paged_attention`` of a mixed batch strides over a work list with a bounded grid (outside: one program per
+      tile), so a graph bucket's padding sequences cost no programs (``triton_attention.GRAPH_PROGRAMS_PER_SM``)."""
+    global _GRAPH_KERNELS
+    before, _GRAPH_KERNELS = _GRAPH_KERNELS, True
     try:
         yield
     finally:
-        _TRITON_LINEARS = before
+        _GRAPH_KERNELS = before
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """See ``reference.linear``; see ``triton_linears`` for when it runs Triton."""
-    impl = _impl("triton_linear", x) if _TRITON_LINEARS else reference
+    """See ``reference.linear``; see ``graph_kernels`` for when it runs Triton."""
+    impl = _impl("triton_linear", x) if _GRAPH_KERNELS else reference
     return impl.linear(x, weight, bias)

@@ -12,8 +12,8 @@ second kernel merges the partial results.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -99,6 +99,83 @@ def _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_hi, kv_end, bt_row, kc_ptr, v
 
 
 @triton.jit
+def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                 seq, qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh, stride_ot, stride_oh,
+                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    # Query tile qb of sequence seq (BLOCK_Q tokens x the GROUP heads of KV head kvh) over its causal KV range.
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    ctx = tl.load(ctx_ptr + seq)
+    offs_m = tl.arange(0, BLOCK_M)
+    tok = qb * BLOCK_Q + offs_m // GROUP
+    head = kvh * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+    q_pos = ctx - q_len + tok
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # Causal: this tile needs keys up to the position of its last query; tiles wholly at or before its
+    # first query's position need no mask.
+    kv_end = ctx - q_len + tl.minimum(qb * BLOCK_Q + BLOCK_Q, q_len)
+    n_tiles = tl.cdiv(kv_end, BLOCK_N)
+    if NUM_SPLITS == 1:
+        t_lo = 0
+        t_hi = n_tiles
+    else:
+        per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+        t_lo = split * per_split
+        t_hi = tl.minimum(t_lo + per_split, n_tiles)
+    t_full = tl.minimum(tl.maximum((ctx - q_len + qb * BLOCK_Q + 1) // BLOCK_N, t_lo), t_hi)
+
+    # A finite start keeps exp2(m_old - m_new) defined for rows that have seen only masked keys.
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_full, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
+                                  offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
+                                  stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, False, PRECISION)
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_full, t_hi, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
+                                  offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
+                                  stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, True, PRECISION)
+
+    mask = row_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        row = (split * num_tokens + q_start + tok).to(tl.int64) * num_heads + head
+        tl.store(pacc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=mask)
+        tl.store(pm_ptr + row, m_i, mask=row_ok)
+        tl.store(pl_ptr + row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _work_tiles(qsl_ptr, num_seqs, QLEN_FILTER: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    # Query tiles per sequence of one launch's kind (0: all, 1: decodes, 2: the rest) and their running total:
+    # sequence b's tiles are work items ends[b] - tiles[b] .. ends[b] - 1.
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_seqs
+    lens = tl.load(qsl_ptr + s + 1, mask=s_ok, other=0) - tl.load(qsl_ptr + s, mask=s_ok, other=0)
+    if QLEN_FILTER == 1:
+        tiles = (lens == 1).to(tl.int32)
+    elif QLEN_FILTER == 2:
+        tiles = tl.where(lens >= 2, (lens + BLOCK_Q - 1) // BLOCK_Q, 0)
+    else:
+        tiles = (lens + BLOCK_Q - 1) // BLOCK_Q
+    return s, tiles, tl.cumsum(tiles, 0)
+
+
+# Arguments that change from pass to pass are not specialized on (== 1, divisible by 16): each new class would be a
+# new compiled variant, mid-run.
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "stride_bt"])
 def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr,
                       qk_scale, num_seqs, num_tokens, num_heads,
                       stride_qt, stride_qh, stride_ot, stride_oh,
@@ -106,79 +183,51 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, QLEN_FILTER: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      STRIDED: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if QLEN_FILTER == 1:  # one program per sequence: a decode has one query
-        seq = pid
-        q_start = tl.load(qsl_ptr + seq)
-        q_len = tl.load(qsl_ptr + seq + 1) - q_start
-        qb = 0
-        run = q_len == 1
-    else:
-        seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
-        q_start = tl.load(qsl_ptr + seq)
-        q_len = tl.load(qsl_ptr + seq + 1) - q_start
-        qb = pid - (q_start // BLOCK_Q + seq)
-        n_qb = tl.cdiv(q_len, BLOCK_Q)
-        run = qb < n_qb
-        qb = n_qb - 1 - qb  # a sequence's last query tiles (the most keys) start first: a shorter tail
-        if QLEN_FILTER == 2:  # everything but decodes
-            run = run & (q_len != 1)
-    if run:
-        ctx = tl.load(ctx_ptr + seq)
-        offs_m = tl.arange(0, BLOCK_M)
-        tok = qb * BLOCK_Q + offs_m // GROUP
-        head = kvh * GROUP + offs_m % GROUP
-        row_ok = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
-        q_pos = ctx - q_len + tok
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM
-        q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-
-        # Causal: this tile needs keys up to the position of its last query; tiles wholly at or before its
-        # first query's position need no mask.
-        kv_end = ctx - q_len + tl.minimum(qb * BLOCK_Q + BLOCK_Q, q_len)
-        n_tiles = tl.cdiv(kv_end, BLOCK_N)
-        if NUM_SPLITS == 1:
-            t_lo = 0
-            t_hi = n_tiles
+    if STRIDED:
+        # A work list of this launch's tiles that the programs stride over: a CUDA graph's grid is sized for its
+        # bucket's padding (empty sequences), which then costs no programs.
+        n_work = tl.sum(_work_tiles(qsl_ptr, num_seqs, QLEN_FILTER, BLOCK_Q, BLOCK_S)[1], 0)
+        for w in range(pid, n_work, tl.num_programs(0)):
+            # recomputed per tile rather than held live across the attention loops
+            s, tiles, ends = _work_tiles(qsl_ptr, num_seqs, QLEN_FILTER, BLOCK_Q, BLOCK_S)
+            before = ends <= w
+            seq = tl.sum(before.to(tl.int32), 0)
+            qb = w - tl.max(tl.where(before, ends, 0), 0)
+            n_qb = tl.sum(tl.where(s == seq, tiles, 0), 0)
+            _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr, seq,
+                         n_qb - 1 - qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
+                         stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                         stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE, NUM_SPLITS,
+                         PRECISION)
+    else:  # one query tile per program
+        if QLEN_FILTER == 1:  # one program per sequence: a decode has one query
+            seq = pid
+            q_len = tl.load(qsl_ptr + seq + 1) - tl.load(qsl_ptr + seq)
+            qb = 0
+            run = q_len == 1
         else:
-            per_split = tl.cdiv(n_tiles, NUM_SPLITS)
-            t_lo = split * per_split
-            t_hi = tl.minimum(t_lo + per_split, n_tiles)
-        t_full = tl.minimum(tl.maximum((ctx - q_len + qb * BLOCK_Q + 1) // BLOCK_N, t_lo), t_hi)
-
-        # A finite start keeps exp2(m_old - m_new) defined for rows that have seen only masked keys.
-        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        offs_n = tl.arange(0, BLOCK_N)
-        bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_full, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
-                                      offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
-                                      stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, False,
-                                      PRECISION)
-        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_full, t_hi, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
-                                      offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
-                                      stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, True,
-                                      PRECISION)
-
-        mask = row_ok[:, None] & d_ok[None, :]
-        if NUM_SPLITS == 1:
-            out = acc / l_i[:, None]
-            tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            row = (split * num_tokens + q_start + tok).to(tl.int64) * num_heads + head
-            tl.store(pacc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=mask)
-            tl.store(pm_ptr + row, m_i, mask=row_ok)
-            tl.store(pl_ptr + row, l_i, mask=row_ok)
+            seq = _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q)
+            q_start = tl.load(qsl_ptr + seq)
+            q_len = tl.load(qsl_ptr + seq + 1) - q_start
+            qb = pid - (q_start // BLOCK_Q + seq)
+            n_qb = tl.cdiv(q_len, BLOCK_Q)
+            run = qb < n_qb
+            qb = n_qb - 1 - qb  # a sequence's last query tiles (the most keys) start first: a shorter tail
+            if QLEN_FILTER == 2:  # everything but decodes
+                run = run & (q_len != 1)
+        if run:
+            _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr, seq,
+                         qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
+                         stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                         stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE, NUM_SPLITS,
+                         PRECISION)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, num_tokens, num_heads, stride_ot, stride_oh,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
                          BLOCK_S: tl.constexpr):
@@ -197,9 +246,11 @@ def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, num_tokens, num_head
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class AttentionConfig:
-    """Launch shape of ``_attention_kernel``; ``qlen_filter`` 0 = all sequences, 1 = decodes, 2 = the rest."""
+    """Launch shape of ``_attention_kernel``; ``qlen_filter`` 0 = all sequences, 1 = decodes, 2 = the rest.
+    ``strided_per_sm`` > 0: at most that many programs per SM, striding over a work list of the batch's tiles;
+    0: one program per tile."""
 
     block_m: int
     block_n: int
@@ -207,6 +258,7 @@ class AttentionConfig:
     num_stages: int
     num_splits: int = 1
     qlen_filter: int = 0
+    strided_per_sm: int = 0
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -225,13 +277,15 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
-                   context_lens: torch.Tensor) -> list[AttentionConfig]:
+                   context_lens: torch.Tensor, strided: bool = False) -> list[AttentionConfig]:
     """Launches for a batch, chosen from shapes alone (no host sync); tile shapes from an H200 sweep.
 
     A decode-only batch (T == B) is one launch with small M tiles and, when B * Hkv programs are fewer than
     the SMs, a KV split toward 4 programs per SM, bounded by the block table's width (on an H200 a split cost
     20-24% at 2-4 programs per SM, and halved batch-8 decode time at 8 KV heads). A batch with prompt
-    chunks is two launches, decodes then the rest: 4-9% faster than one launch with the chunks' larger tiles.
+    chunks is two launches, decodes then the rest: 4-9% faster than one launch with the chunks' larger tiles;
+    ``strided`` (for CUDA graphs), one launch over a work list of all tiles with a bounded grid (see
+    ``GRAPH_PROGRAMS_PER_SM``).
     """
     num_tokens, num_heads, _ = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -241,6 +295,8 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     if num_tokens > num_seqs:
         chunk = CHUNK_CONFIG if group <= CHUNK_CONFIG.block_m else AttentionConfig(
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
+        if strided:  # one launch: decodes and chunk tiles share the grid, and a graph pays one launch's padding
+            return [dataclasses.replace(chunk, qlen_filter=0, strided_per_sm=GRAPH_PROGRAMS_PER_SM)]
         return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1), chunk]
     block_n = 64
     programs = num_seqs * num_kv_heads
@@ -256,6 +312,17 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 # Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
 # and 2-3 stages found all of them 5-35% slower than 64 x 64 with 4 warps and 3 stages.
 CHUNK_CONFIG = AttentionConfig(64, 64, 4, 3, qlen_filter=2)
+
+
+# Mixed batches captured in a CUDA graph launch at most this many programs per SM, striding over a work list of
+# their tiles: ~4 waves at the 2 programs per SM that a 64 x 128 bf16 tile pipeline leaves room for. A graph's
+# grid is sized for its bucket, whose padding sequences (256 in a large bucket) would otherwise each take a
+# program per KV head (H200, prefill 512 in a graph: attention 1.93 ms against 0.60 eager). Eager launches keep
+# one program per tile (their grid is tight, and the strided code measured 7-8% slower per tile).
+GRAPH_PROGRAMS_PER_SM = 8
+# The per-sequence tile counts of a strided launch are one vector of at least this many lanes: one compiled
+# variant for every batch of up to 256 sequences.
+MIN_BLOCK_S = 256
 
 
 def _validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -289,13 +356,18 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         raise ValueError(f"block_m {cfg.block_m} smaller than the GQA group {group}")
     if cfg.qlen_filter and cfg.num_splits > 1:  # the merge rewrites every row, also those filtered out
         raise ValueError("qlen_filter and num_splits > 1 cannot be combined")
+    if cfg.strided_per_sm and cfg.num_splits > 1:
+        raise ValueError("strided_per_sm and num_splits > 1 cannot be combined")
     num_seqs = context_lens.shape[0]
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(head_dim)
     block_q = cfg.block_m // group
-    grid = (num_seqs if cfg.qlen_filter == 1 else num_tokens // block_q + num_seqs, num_kv_heads, cfg.num_splits)
+    programs = num_seqs if cfg.qlen_filter == 1 else num_tokens // block_q + num_seqs  # enough for every tile
+    if cfg.strided_per_sm:
+        programs = min(programs, triton.cdiv(cfg.strided_per_sm * _sm_count(q.device), num_kv_heads))
+    grid = (programs, num_kv_heads, cfg.num_splits)
     if cfg.num_splits > 1:
         pacc = torch.empty(cfg.num_splits, num_tokens, num_heads, block_d, device=q.device, dtype=torch.float32)
         pm = torch.empty(cfg.num_splits, num_tokens, num_heads, device=q.device, dtype=torch.float32)
@@ -311,6 +383,8 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits, QLEN_FILTER=cfg.qlen_filter,
+        STRIDED=cfg.strided_per_sm > 0,
+        BLOCK_S=max(MIN_BLOCK_S, triton.next_power_of_2(num_seqs)) if cfg.strided_per_sm else 1,
         PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
@@ -321,11 +395,13 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                    context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of a ragged mixed batch over the paged cache; see ``reference.paged_attention``."""
+                    context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                    strided: bool = False) -> torch.Tensor:
+    """Causal attention of a ragged mixed batch over the paged cache; see ``reference.paged_attention``.
+    ``strided``: the launch shape for a CUDA graph (``default_config``)."""
     _validate(q, k_cache, v_cache)
     out = None
-    for cfg in default_config(q, k_cache, block_tables, context_lens):
+    for cfg in default_config(q, k_cache, block_tables, context_lens, strided):
         out = paged_attention_with(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, cfg,
                                    out=out)
     return out

@@ -117,11 +117,14 @@ def test_paged_attention_mixed_batch(tk, poison, dtype, head_dim, block_size, he
     assert out.dtype == dtype and out.shape == expect.shape
     assert _rel_err(out, expect) < _TOL[dtype]
     # Decodes and chunks in two launches, each filling only its own rows of one output.
-    both = torch.full_like(expect, float("nan"))
+    # Also strided over a work list, as in a CUDA graph: 1-2 programs per KV head here, several tiles each.
     block_m = max(16, triton.next_power_of_2(heads // kv_heads))
-    for kind in (1, 2):
-        ta.paged_attention_with(*args, scale, ta.AttentionConfig(block_m, 32, 4, 1, qlen_filter=kind), out=both)
-    assert _rel_err(both, expect) < _TOL[dtype]
+    for strided in (0, 2):
+        both = torch.full_like(expect, float("nan"))
+        for kind in (1, 2):
+            cfg = ta.AttentionConfig(block_m, 32, 4, 1, qlen_filter=kind, strided_per_sm=strided)
+            ta.paged_attention_with(*args, scale, cfg, out=both)
+        assert _rel_err(both, expect) < _TOL[dtype]
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16), (128, 64)])
@@ -134,6 +137,29 @@ def test_paged_attention_long_chunks(tk, poison, block_m, block_n):
     expect = ref.paged_attention(*args, 0.125)
     out = ta.paged_attention_with(*args, 0.125, ta.AttentionConfig(block_m, block_n, 4, 1))
     assert _rel_err(out, expect) < _TOL[torch.float32]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("strided", [0, 4])
+def test_paged_attention_padded_like_a_graph(tk, poison, strided, graph):
+    """A mixed CUDA graph's layout: trailing padding tokens of no sequence and empty padding sequences. Strided,
+    the launches get 2 programs per KV head (one "SM" off CUDA), so each program takes several tiles; ``graph``:
+    the configs chosen for a graph capture (one launch over decodes and chunks), else the eager ones."""
+    ta = tk["triton_attention"]
+    chunk, prefix = (int(x) for x in torch.randint(40, 90, (2,)))
+    q_lens = [1, 1, 1, chunk, 17, 0, 0, 0]
+    ctxs = [int(c) for c in torch.randint(1, 100, (3,))] + [prefix + chunk, 17, 1, 1, 1]
+    q, k_cache, v_cache, tables, ctx, qsl = _batch(q_lens, ctxs, 4, 2, 64, 16, torch.float32)
+    padded = torch.cat([q, torch.randn(5, 4, 64)])  # rows of no sequence: never read back
+    expect = ref.paged_attention(q, k_cache, v_cache, tables, ctx, qsl, 0.125)
+    configs = ta.default_config(padded, k_cache, tables, ctx, strided=graph)
+    assert [c.qlen_filter for c in configs] == ([0] if graph else [1, 2])
+    assert all(bool(c.strided_per_sm) == graph for c in configs)
+    out = None
+    for cfg in configs:
+        cfg = ta.dataclasses.replace(cfg, block_m=16, block_n=32, strided_per_sm=strided)
+        out = ta.paged_attention_with(padded, k_cache, v_cache, tables, ctx, qsl, 0.125, cfg, out=out)
+    assert _rel_err(out[:q.shape[0]], expect) < _TOL[torch.float32]
 
 
 @pytest.mark.parametrize("dtype,head_dim,splits", [(torch.float32, 128, 3), (torch.float16, 64, 4)])
@@ -156,6 +182,9 @@ def test_attention_rejects_bad_shapes(tk):
     args = list(_batch([1], [5], 3, 2, 64, 16, torch.float32))
     with pytest.raises(ValueError, match="num_heads 3"):
         ta.paged_attention(*args, 1.0)
+    args = list(_batch([1], [5], 4, 2, 64, 16, torch.float32))
+    with pytest.raises(ValueError, match="strided_per_sm"):
+        ta.paged_attention_with(*args, 1.0, ta.AttentionConfig(16, 32, 4, 1, num_splits=2, strided_per_sm=2))
 
 
 @pytest.mark.parametrize("dtype,head_dim,block_size", [
@@ -249,20 +278,35 @@ def test_linear_dispatch_and_errors(tk, monkeypatch):
         kernel(x, w, None, lin.LinearConfig(8, 16, 32, 4, 2))
 
 
-def test_linear_dispatch_only_within_triton_linears(tk, monkeypatch):
-    """``kernels.linear`` runs the Triton kernel only inside ``triton_linears()`` (the graph capture)."""
+def test_linear_dispatch_only_within_graph_kernels(tk, monkeypatch):
+    """``kernels.linear`` runs the Triton kernel only inside ``graph_kernels()`` (the graph capture)."""
     import kernels
     seen = []
     monkeypatch.setattr(kernels, "_impl", lambda module, x: seen.append(module) or ref)
     x, w = torch.randn(3, 8), torch.randn(5, 8)
     kernels.linear(x, w)
-    with kernels.triton_linears():
+    with kernels.graph_kernels():
         kernels.linear(x, w)
-        with kernels.triton_linears():
+        with kernels.graph_kernels():
             pass
         kernels.linear(x, w)  # still inside after a nested block ends
     kernels.linear(x, w)
     assert seen == ["triton_linear", "triton_linear"]
+
+
+def test_attention_dispatch_strides_within_graph_kernels(monkeypatch):
+    """Inside ``graph_kernels()`` the Triton attention gets ``strided=True`` (the CUDA graphs' launch shape)."""
+    import types
+
+    import kernels
+    calls = []
+    fake = types.SimpleNamespace(paged_attention=lambda *a, strided: calls.append(strided))
+    monkeypatch.setattr(kernels, "_impl", lambda module, x: fake)
+    args = [torch.zeros(1)] * 6 + [1.0]
+    kernels.paged_attention(*args)
+    with kernels.graph_kernels():
+        kernels.paged_attention(*args)
+    assert calls == [False, True]
 
 
 def test_dispatch_uses_reference_off_cuda():

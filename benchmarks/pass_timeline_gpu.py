@@ -1,0 +1,148 @@
+"""Where one pass's GPU time goes: kernels vs the gaps between them, eager vs replayed as a CUDA graph.
+
+``python benchmarks/pass_timeline_gpu.py [--out DIR] [--graph-tokens 2048]`` on a CUDA machine. Builds the
+engine of ``engine_gpu.py`` (random-weight Llama-2-7B, bf16) with pass graphs up to ``--graph-tokens``, then for
+each plan times the pass with CUDA events (as ``engine_gpu.time_pass``) eagerly and through its graph, and traces
+one pass of each with torch.profiler: kernel time per kind, the span from the first kernel's start to the last
+kernel's end, the idle time inside it and the largest gaps with the kernel before them. Prints a table; writes
+``pass_timeline_<card>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import engine_gpu as eg  # noqa: E402
+
+import engine.llm  # noqa: E402
+import engine.weights  # noqa: E402
+from engine.llm import LLMEngine  # noqa: E402
+
+SPLITFUSE = {"prefill 768": {"chunk": 768}, "752 + 16 decodes @ 1k": {"chunk": 752, "decodes": 16},
+             "704 + 64 decodes @ 256": {"chunk": 704, "decodes": 64, "ctx": 256},
+             "704 + 64 decodes @ 1k": {"chunk": 704, "decodes": 64}}
+PLANS = {"prefill 2048": {"chunk": 2048}, "prefill 1024": {"chunk": 1024}, "1000 + 24 decodes": {"chunk": 1000,
+         "decodes": 24}, "prefill 512": {"chunk": 512}, "1800 + 48 decodes": {"chunk": 1800, "decodes": 48}}
+
+
+def trace_pass(llm: LLMEngine, plan) -> dict:
+    """One pass under torch.profiler: kernels per kind, span, idle time and the five largest gaps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm.runner.run(plan)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.runner.run(plan)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kern = sorted((e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"])
+    if not kern:
+        return {"error": "no kernel events"}
+    kinds: dict[str, float] = {}
+    for e in kern:
+        kind = eg.kernel_kind(e["name"])
+        kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1e3
+    gaps = [(kern[i + 1]["ts"] - (kern[i]["ts"] + kern[i]["dur"]), kern[i]["name"][:50], kern[i + 1]["name"][:50])
+            for i in range(len(kern) - 1)]
+    span = (kern[-1]["ts"] + kern[-1]["dur"] - kern[0]["ts"]) / 1e3
+    busy = sum(e["dur"] for e in kern) / 1e3
+    pos = [g for g in gaps if g[0] > 0]
+    return {"kernels": len(kern), "kernel_ms": round(busy, 4), "span_ms": round(span, 4),
+            "idle_ms": round(sum(g[0] for g in pos) / 1e3, 4), "gaps_over_10us": sum(g[0] > 10 for g in pos),
+            "kinds_ms": {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "largest_gaps_us": [(round(g[0], 1), g[1], g[2]) for g in sorted(pos, reverse=True)[:5]],
+            "gemms": sorted({e["name"][:70] for e in kern if eg.kernel_kind(e["name"]) == "gemm"})}
+
+
+def sweep_graph_programs(llm: LLMEngine, passes, values: list[int]) -> dict:
+    """Replay ms (median of 3 interleaved rounds of 5) of the SplitFuse passes with graphs captured at each value."""
+    import gc
+
+    from engine.cuda_graphs import PassGraphs
+    from kernels import triton_attention as ta
+
+    runner, out = llm.runner, {}
+    max_batch, max_tokens = runner.graphs.max_batch, runner.graphs.mixed_buckets[-1]
+    plans = {name: passes.plan(**kw) for name, kw in SPLITFUSE.items()}
+    for v in values:
+        ta.GRAPH_PROGRAMS_PER_SM = v
+        runner.graphs = None  # one set of graphs alive at a time
+        gc.collect()
+        torch.cuda.empty_cache()
+        runner.graphs = PassGraphs(runner, max_batch, max_tokens)
+        out[v] = {name: [] for name in plans}
+        for _ in range(3):
+            for name, plan in plans.items():
+                out[v][name].append(eg.time_pass(llm, plan, repeats=5)["gpu_ms"])
+        out[v] = {name: float(np.median(t)) for name, t in out[v].items()}
+        print(f"GRAPH_PROGRAMS_PER_SM {v}: {out[v]}", flush=True)
+    passes.release()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--graph-tokens", type=int, default=2048, help="largest pass graph (the engine's default: 1024)")
+    ap.add_argument("--graph-programs", default="", help="comma-separated GRAPH_PROGRAMS_PER_SM values: instead of "
+                    "the timelines, recapture the graphs with each and time the SplitFuse passes of engine_gpu.py")
+    args = ap.parse_args()
+    engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens
+    engine.weights.random_init = eg.fast_random_init
+    card = torch.cuda.get_device_properties(0).name
+    llm = LLMEngine(eg.MODEL, dtype="bfloat16", device=eg.DEV, token_budget=2048, max_num_seqs=256,
+                    gpu_memory_utilization=0.9, seed=eg.SEED)
+    with torch.no_grad():
+        llm.runner.kv_cache.normal_()
+    passes = eg.Passes(llm, np.random.default_rng(eg.SEED))
+    graphs = llm.runner.graphs
+    res = {"card": card, "torch": torch.__version__, "graph_tokens": args.graph_tokens,
+           "mixed_buckets": graphs.mixed_buckets,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "plans": {}}
+    for name, kw in {} if args.graph_programs else PLANS.items():
+        plan = passes.plan(**kw)
+        row = {"graph": graphs.key(plan)}
+        modes = ("eager", "replay") if row["graph"] is not None else ("eager",)
+        times = {m: [] for m in modes}
+        for _ in range(3):  # interleaved rounds: clock and power drift fall on both modes alike
+            for mode in modes:
+                llm.runner.graphs = graphs if mode == "replay" else None
+                times[mode].append(eg.time_pass(llm, plan, repeats=5)["gpu_ms"])
+        for mode in modes:
+            llm.runner.graphs = graphs if mode == "replay" else None
+            row[mode] = {"gpu_ms": float(np.median(times[mode])), "rounds_ms": times[mode]}
+            row[f"{mode}_trace"] = trace_pass(llm, plan)
+        llm.runner.graphs = graphs
+        passes.release()
+        res["plans"][name] = row
+        print(name, json.dumps(row, default=str), flush=True)
+    if args.graph_programs:
+        graphs = None
+        res["graph_programs"] = sweep_graph_programs(llm, passes, [int(v) for v in args.graph_programs.split(",")])
+    tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
+    Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"\n{card} | {res['date']}")
+    print(f"{'plan':<20} {'mode':<7} {'event ms':>9} {'kernels ms':>11} {'span ms':>8} {'idle ms':>8} {'n':>5}")
+    for name, row in res["plans"].items():
+        for mode in ("eager", "replay"):
+            if mode in row:
+                t = row[f"{mode}_trace"]
+                print(f"{name:<20} {mode:<7} {row[mode]['gpu_ms']:>9.2f} {t.get('kernel_ms', 0):>11.2f} "
+                      f"{t.get('span_ms', 0):>8.2f} {t.get('idle_ms', 0):>8.2f} {t.get('kernels', 0):>5}")
+
+
+if __name__ == "__main__":
+    main()
