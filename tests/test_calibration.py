@@ -217,6 +217,22 @@ def test_knots_inside_a_stretch_without_data_are_dropped():
     assert model.predict(between) == pytest.approx(5e-3 + 2e-5 * 640, rel=0.01)
 
 
+def test_a_one_sequence_decode_step_can_differ_from_the_batch_line():
+    """Decode graphs: one row takes its own linear-kernel path, so batch 1 sits off the line through batches 2+
+    (llama-2-13b, H200: 7.7 ms at batch 1, 9.5 at 2). The knot at 2 tokens lets the fit place that step."""
+    T = np.repeat([1.0, 2.0, 3.0, 4.0, 8.0, 16.0, 24.0, 32.0], 4)
+    X = {n: np.zeros_like(T) for n in cost_model.FEATURES}
+    X["num_tokens"] = T
+    y = np.where(T == 1, 7.7e-3, 9.3e-3 + 5e-5 * T) * np.exp(np.random.default_rng(0).normal(0, 0.002, T.size))
+    model = cost_model.fit(X, y, cost_model.DEFAULT_KNOTS)
+    assert 2.0 in model.knots
+    assert np.abs(cost_model.relative_errors(model, X, y)).max() < 0.02
+    without = cost_model.fit(X, y, cost_model.DEFAULT_KNOTS[1:])
+    assert np.abs(cost_model.relative_errors(without, X, y)).max() > 0.05
+    prefill = np.array([16.0, 32.0, 48.0, 64.0, 128.0, 256.0] * 2)  # paths without one-token passes drop it
+    assert 2.0 not in cost_model.supported_knots(prefill, cost_model.DEFAULT_KNOTS)
+
+
 def test_fit_recovers_a_host_floor():
     truth = cost_model.CostModel(KNOTS, TRUE, {"floor": 1.6e-2, "floor_seqs": 2e-5, "floor_tokens": 0.0})
     pts = synthetic_points(truth, noise=0.001)
