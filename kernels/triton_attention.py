@@ -7,7 +7,8 @@ the GROUP query heads that share that KV head, so a decode of a GQA model still 
 a K/V tile read once serves the whole group. KV tiles of BLOCK_N tokens are gathered through the block
 table and folded in with an online softmax (flash attention), accumulating in fp32. When the batch is all
 decodes and too small to fill the GPU, the KV range is split over several programs (flash decoding) and a
-second kernel merges the partial results.
+second kernel merges the partial results. Captured in a CUDA graph, a mixed batch is one launch whose programs
+stride over a work list of its tiles, so the graph's padding sequences cost no programs.
 """
 
 from __future__ import annotations
