@@ -265,12 +265,13 @@ def main() -> None:
                       + (f" {row['TFLOP/s']:.0f} TFLOP/s" if flops else ""), flush=True)
 
         for model in MODELS:
-            for batch, ctx in ((64, 1024), (16, 1024), (8, 4096), (1, 1024)):
+            for batch, ctx in ((64, 1024), (16, 1024), (8, 4096), (1, 1024), (1, 4096)):
                 b = make([1] * batch, [ctx] * batch, model)
-                splits = (1, 2, 4, 8) if batch > 1 else (1, 2, 4, 8, 16)
-                blocks_n = (64,) if batch > 1 else (16, 32, 64)
-                try_cfgs(b, f"{model} dec {batch}x{ctx}", [ta.AttentionConfig(16, bn, 4, 3, num_splits=s)
-                                                            for s in splits for bn in blocks_n], nbytes=b.kv_bytes)
+                splits = (1, 2, 4, 8) if batch > 1 else (4, 8, 16, 32)
+                blocks_n = (64,) if batch > 1 else (32, 64)
+                try_cfgs(b, f"{model} dec {batch}x{ctx}", [
+                    ta.AttentionConfig(16, bn, w, st, num_splits=s) for s in splits for bn in blocks_n
+                    for w, st in ((4, 3), (4, 2), (4, 1), (2, 1), (8, 1))], nbytes=b.kv_bytes)
             del b
 
     path = dump()

@@ -5,7 +5,8 @@ engine of ``engine_gpu.py`` (random-weight Llama-2-7B, bf16) with pass graphs up
 each plan times the pass with CUDA events (as ``engine_gpu.time_pass``) eagerly and through its graph, and traces
 one pass of each with torch.profiler: kernel time per kind, the span from the first kernel's start to the last
 kernel's end, the idle time inside it and the largest gaps with the kernel before them. Prints a table; writes
-``pass_timeline_<card>.json``.
+``pass_timeline_<card>.json``. ``--graph-programs`` and ``--pdl`` instead time passes with the graphs recaptured
+under each setting.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ import engine_gpu as eg  # noqa: E402
 
 import engine.llm  # noqa: E402
 import engine.weights  # noqa: E402
+import kernels  # noqa: E402
 from engine.llm import LLMEngine  # noqa: E402
 
 SPLITFUSE = {"prefill 768": {"chunk": 768}, "752 + 16 decodes @ 1k": {"chunk": 752, "decodes": 16},
              "704 + 64 decodes @ 256": {"chunk": 704, "decodes": 64, "ctx": 256},
              "704 + 64 decodes @ 1k": {"chunk": 704, "decodes": 64}}
+DECODES = {"decode b1 @ 1k": {"decodes": 1}, "decode b16 @ 1k": {"decodes": 16}, "decode b64 @ 1k": {"decodes": 64}}
 PLANS = {"prefill 2048": {"chunk": 2048}, "prefill 1024": {"chunk": 1024}, "1000 + 24 decodes": {"chunk": 1000,
          "decodes": 24}, "prefill 512": {"chunk": 512}, "1800 + 48 decodes": {"chunk": 1800, "decodes": 48}}
 
@@ -67,29 +70,33 @@ def trace_pass(llm: LLMEngine, plan) -> dict:
             "gemms": sorted({e["name"][:70] for e in kern if eg.kernel_kind(e["name"]) == "gemm"})}
 
 
-def sweep_graph_programs(llm: LLMEngine, passes, values: list[int]) -> dict:
-    """Replay ms (median of 3 interleaved rounds of 5) of the SplitFuse passes with graphs captured at each value."""
+def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[object, str, object]]],
+                     plans: dict[str, dict]) -> dict:
+    """Replay ms (median of 3 interleaved rounds of 5) of ``plans`` with the graphs recaptured under each setting
+    (``name: [(module, attribute, value), ...]``); the settings alternate within each round, so drift falls on
+    all."""
     import gc
 
     from engine.cuda_graphs import PassGraphs
-    from kernels import triton_attention as ta
 
-    runner, out = llm.runner, {}
+    runner = llm.runner
     max_batch, max_tokens = runner.graphs.max_batch, runner.graphs.mixed_buckets[-1]
-    plans = {name: passes.plan(**kw) for name, kw in SPLITFUSE.items()}
-    for v in values:
-        ta.GRAPH_PROGRAMS_PER_SM = v
-        runner.graphs = None  # one set of graphs alive at a time
-        gc.collect()
-        torch.cuda.empty_cache()
-        runner.graphs = PassGraphs(runner, max_batch, max_tokens)
-        out[v] = {name: [] for name in plans}
-        for _ in range(3):
-            for name, plan in plans.items():
-                out[v][name].append(eg.time_pass(llm, plan, repeats=5)["gpu_ms"])
-        out[v] = {name: float(np.median(t)) for name, t in out[v].items()}
-        print(f"GRAPH_PROGRAMS_PER_SM {v}: {out[v]}", flush=True)
+    built = {name: passes.plan(**kw) for name, kw in plans.items()}
+    times = {s: {name: [] for name in built} for s in settings}
+    for _ in range(3):
+        for setting, assignments in settings.items():
+            for module, attr, value in assignments:
+                setattr(module, attr, value)
+            runner.graphs = None  # one set of graphs alive at a time
+            gc.collect()
+            torch.cuda.empty_cache()
+            runner.graphs = PassGraphs(runner, max_batch, max_tokens)
+            for name, plan in built.items():
+                times[setting][name].append(eg.time_pass(llm, plan, repeats=5)["gpu_ms"])
     passes.release()
+    out = {s: {name: float(np.median(t)) for name, t in per.items()} for s, per in times.items()}
+    for s, per in out.items():
+        print(f"{s}: {per}", flush=True)
     return out
 
 
@@ -99,6 +106,10 @@ def main() -> None:
     ap.add_argument("--graph-tokens", type=int, default=2048, help="largest pass graph (the engine's default: 1024)")
     ap.add_argument("--graph-programs", default="", help="comma-separated GRAPH_PROGRAMS_PER_SM values: instead of "
                     "the timelines, recapture the graphs with each and time the SplitFuse passes of engine_gpu.py")
+    ap.add_argument("--only", default="", help="trace only the plans whose name contains this")
+    ap.add_argument("--pdl", action="store_true", help="instead of the timelines, recapture the graphs with and "
+                    "without programmatic dependent launch (and the fused rotary + KV write) and time decode and "
+                    "SplitFuse passes")
     args = ap.parse_args()
     engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens
     engine.weights.random_init = eg.fast_random_init
@@ -112,7 +123,8 @@ def main() -> None:
     res = {"card": card, "torch": torch.__version__, "graph_tokens": args.graph_tokens,
            "mixed_buckets": graphs.mixed_buckets,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "plans": {}}
-    for name, kw in {} if args.graph_programs else PLANS.items():
+    timelines = {} if args.graph_programs or args.pdl else {**PLANS, **DECODES}
+    for name, kw in ((n, kw) for n, kw in timelines.items() if args.only in n):
         plan = passes.plan(**kw)
         row = {"graph": graphs.key(plan)}
         modes = ("eager", "replay") if row["graph"] is not None else ("eager",)
@@ -130,8 +142,16 @@ def main() -> None:
         res["plans"][name] = row
         print(name, json.dumps(row, default=str), flush=True)
     if args.graph_programs:
+        from kernels import triton_attention as ta
         graphs = None
-        res["graph_programs"] = sweep_graph_programs(llm, passes, [int(v) for v in args.graph_programs.split(",")])
+        res["graph_programs"] = sweep_recaptured(llm, passes, {f"{v} per SM": [(ta, "GRAPH_PROGRAMS_PER_SM", int(v))]
+                                                               for v in args.graph_programs.split(",")}, SPLITFUSE)
+    if args.pdl:
+        graphs = None
+        settings = {"PDL off": [(kernels, "PDL", False), (kernels, "FUSED", True)],
+                    "PDL on, unfused": [(kernels, "PDL", True), (kernels, "FUSED", False)],
+                    "PDL on": [(kernels, "PDL", True), (kernels, "FUSED", True)]}
+        res["pdl"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
     tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
     Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{card} | {res['date']}")

@@ -134,6 +134,8 @@ class ModelRunner:
         shape = (config.num_layers, 2, num_kv_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self._staging: torch.Tensor | None = None  # pinned host buffer of ``to_device``
+        self._staged = None  # CUDA event: the last copy out of it
         self.graphs = None
         if use_cuda_graphs is None:
             use_cuda_graphs = self.device.type == "cuda"
@@ -142,14 +144,25 @@ class ModelRunner:
             self.graphs = PassGraphs(self, max_graph_batch, max_graph_tokens, capture=self.device.type == "cuda")
 
     def to_device(self, buf: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
-        """One host-to-device copy (pinned, asynchronous) of a packed buffer, into ``out`` if given."""
+        """One host-to-device copy of a packed buffer, into ``out`` if given. On CUDA it is asynchronous, through a
+        pinned staging buffer kept across passes: pinning a new one per pass cost ~0.1 ms of host time while the
+        GPU waited (H200 host, a one-decode pass)."""
         host = torch.from_numpy(buf)
         if self.device.type != "cuda":
             return host if out is None else out[:host.numel()].copy_(host)
-        host = host.pin_memory()
-        if out is None:
-            return host.to(self.device, non_blocking=True)
-        return out[:host.numel()].copy_(host, non_blocking=True)
+        n = host.numel()
+        if self._staged is None:
+            self._staged = torch.cuda.Event()
+        self._staged.synchronize()  # the previous pass's copy has read the staging buffer
+        if self._staging is None or self._staging.numel() < n or self._staging.dtype != host.dtype:
+            with torch.inference_mode(False):  # a normal tensor: written in and out of inference mode
+                self._staging = torch.empty(max(n, 1 << 16), dtype=host.dtype, pin_memory=True)
+        staging = self._staging[:n]
+        staging.copy_(host)
+        dst = torch.empty(n, dtype=host.dtype, device=self.device) if out is None else out[:n]
+        dst.copy_(staging, non_blocking=True)
+        self._staged.record()
+        return dst
 
     def prepare_inputs(self, plan: BatchPlan) -> ModelInputs:
         """Flatten the plan: entry i feeds positions start_i .. start_i + n_i - 1 of its request."""

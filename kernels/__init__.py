@@ -3,10 +3,13 @@
 - ``reference.py``: the PyTorch versions; the CPU path and the oracle of the tests.
 - ``triton_attention.py``: paged KV-cache write and paged attention of a ragged mixed batch (prompt chunks and
   decodes, GQA, flash-decoding split for small decode batches).
-- ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k.
+- ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k, alone or
+  with the KV-cache write of the rotated keys and the values.
 - ``triton_activation.py``: fused SiLU-and-multiply of a merged gate/up projection.
 - ``triton_linear.py``: linear layers of few rows (decode batches) as one weight stream, no split-K; used inside
   ``graph_kernels()``, which the engine's CUDA-graph capture enters.
+- ``triton_pdl.py``: programmatic dependent launch, with which the Triton kernels launch inside ``graph_kernels()``
+  on Hopper and later.
 
 The functions below dispatch: Triton when the tensor is on a CUDA device and triton imports, else the
 reference. Triton is imported lazily, so this package imports on machines without it.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 
 import torch
 
@@ -39,40 +43,76 @@ def _impl(module: str, x: torch.Tensor):
     return reference
 
 
+def _launch(impl, x: torch.Tensor, **triton_only) -> dict:
+    """Keyword arguments for ``impl``'s function: none for the reference; PDL (and ``triton_only``) for Triton."""
+    return {} if impl is reference else {"pdl": _pdl(x), **triton_only}
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """See ``reference.write_kv``."""
-    _impl("triton_attention", k_cache).write_kv(k, v, k_cache, v_cache, slot_mapping)
+    impl = _impl("triton_attention", k_cache)
+    impl.write_kv(k, v, k_cache, v_cache, slot_mapping, **_launch(impl, k_cache))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
     """See ``reference.paged_attention``."""
     impl = _impl("triton_attention", q)
-    if impl is reference:
-        return reference.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     return impl.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                                strided=_GRAPH_KERNELS)
+                                **_launch(impl, q, strided=_GRAPH_KERNELS))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``reference.rms_norm``."""
-    return _impl("triton_norm", x).rms_norm(x, weight, eps, residual)
+    impl = _impl("triton_norm", x)
+    return impl.rms_norm(x, weight, eps, residual, **_launch(impl, x))
 
 
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                      cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``reference.rotary_embedding``."""
-    return _impl("triton_rotary", q).rotary_embedding(q, k, positions, cos_sin_cache)
+    impl = _impl("triton_rotary", q)
+    return impl.rotary_embedding(q, k, positions, cos_sin_cache, **_launch(impl, q))
+
+
+def rotary_embedding_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                                  cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  slot_mapping: torch.Tensor) -> torch.Tensor:
+    """``rotary_embedding`` of q and k, then ``write_kv`` of the rotated k and v; returns the rotated q. One
+    Triton kernel on CUDA (one launch fewer per layer)."""
+    impl = _impl("triton_rotary", q) if FUSED else reference
+    if impl is reference:
+        q, k = rotary_embedding(q, k, positions, cos_sin_cache)
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q
+    return impl.rotary_embedding_and_write_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                              **_launch(impl, q))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """See ``reference.silu_and_mul``."""
-    return _impl("triton_activation", x).silu_and_mul(x)
+    impl = _impl("triton_activation", x)
+    return impl.silu_and_mul(x, **_launch(impl, x))
 
 
 _GRAPH_KERNELS = False
+# SPLITFUSE_PDL=0 turns programmatic dependent launch off (to measure what it buys).
+PDL = os.environ.get("SPLITFUSE_PDL", "1") != "0"
+# False: ``rotary_embedding_and_write_kv`` runs as its two kernels (to measure what fusing buys).
+FUSED = True
+
+
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _pdl(x: torch.Tensor) -> bool:
+    """Whether a Triton kernel on ``x``'s device launches with PDL: inside ``graph_kernels()`` on Hopper or later."""
+    return _GRAPH_KERNELS and PDL and x.is_cuda and _pdl_capable(x.device.index if x.device.index is not None
+                                                                 else torch.cuda.current_device())
 
 
 @contextlib.contextmanager
@@ -83,7 +123,9 @@ def graph_kernels():
       their LM head over a few sampled rows met new specializations mid-run (seven ~2 s JIT stalls in the offline
       benchmark's timed run) for a ~3% gain on a 70 us product.
     - ``paged_attention`` of a mixed batch strides over a work list with a bounded grid (outside: one program per
-      tile), so a graph bucket's padding sequences cost no programs (``triton_attention.GRAPH_PROGRAMS_PER_SM``)."""
+      tile), so a graph bucket's padding sequences cost no programs (``triton_attention.GRAPH_PROGRAMS_PER_SM``).
+    - on Hopper and later the Triton kernels launch with PDL (``triton_pdl``): in a replayed graph each kernel
+      launches while the one before it drains, and the few-row linear kernel loads its first weight tile then."""
     global _GRAPH_KERNELS
     before, _GRAPH_KERNELS = _GRAPH_KERNELS, True
     try:
@@ -95,4 +137,5 @@ def graph_kernels():
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """See ``reference.linear``; see ``graph_kernels`` for when it runs Triton."""
     impl = _impl("triton_linear", x) if _GRAPH_KERNELS else reference
-    return impl.linear(x, weight, bias)
+    return impl.linear(x, weight, bias, **_launch(impl, x))
+

@@ -10,9 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_pdl import launch_kwargs, wait_for_previous
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -23,8 +26,8 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
     tl.store(out_ptr + row * stride_o + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2I] (gate then up) -> silu(gate) * up [..., I]."""
+def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """x [..., 2I] (gate then up) -> silu(gate) * up [..., I]; ``pdl``: launch with PDL (``triton_pdl``)."""
     if x.shape[-1] % 2:
         raise ValueError(f"last dimension {x.shape[-1]} must be even (gate and up halves)")
     n = x.shape[-1] // 2
@@ -37,5 +40,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(n))
     _silu_and_mul_kernel[(rows, triton.cdiv(n, block))](x2, out.view(-1, n), x2.stride(0), n, n, BLOCK=block,
-                                                       num_warps=4)
+                                                       num_warps=4, **launch_kwargs(pdl))
     return out

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_pdl import launch_kwargs, wait_for_previous
+
 _LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -29,7 +31,8 @@ def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
                      num_kv_heads, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_previous(USE_PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -63,39 +66,56 @@ def _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(t, kv_end, bt_row, kc_ptr, vc_ptr, kvh, offs_n, offs_d, d_ok, stride_kb, stride_ks, stride_kh,
+               stride_vb, stride_vs, stride_vh, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+               EVEN_D: tl.constexpr, MASKED: tl.constexpr):
+    # Keys and values of KV tile t, gathered through the block table; MASKED: only positions below kv_end.
+    n = t * BLOCK_N + offs_n
+    if MASKED:
+        n_ok = n < kv_end
+        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+    else:
+        blk = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+        kv_mask = d_ok[None, :]
+    slot = n % BLOCK_SIZE
+    k_off = blk[:, None] * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
+    v_off = blk[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :]
+    if EVEN_D and not MASKED:
+        k = tl.load(kc_ptr + k_off)
+        v = tl.load(vc_ptr + v_off)
+    else:
+        k = tl.load(kc_ptr + k_off, mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + v_off, mask=kv_mask, other=0.0)
+    return k, v, n
+
+
+@triton.jit
+def _fold_tile(acc, m_i, l_i, q, k, v, keep, qk_scale, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    # One KV tile folded into (acc, m_i, l_i) with an online softmax; MASKED: only where ``keep``.
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_hi, kv_end, bt_row, kc_ptr, vc_ptr, kvh, offs_n, offs_d, d_ok,
                   qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                   BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
                   PRECISION: tl.constexpr):
-    # KV tiles t_lo .. t_hi-1 folded into (acc, m_i, l_i) with an online softmax. Unmasked tiles lie wholly
-    # before every query of the tile (no causal or length mask, no masked loads); only the last few are masked.
+    # KV tiles t_lo .. t_hi-1 folded in. Unmasked tiles lie wholly before every query of the tile (no causal or
+    # length mask, no masked loads); only the last few are masked.
     for t in range(t_lo, t_hi):
-        n = t * BLOCK_N + offs_n
-        if MASKED:
-            n_ok = n < kv_end
-            blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-        else:
-            blk = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
-            kv_mask = d_ok[None, :]
-        slot = n % BLOCK_SIZE
-        k_off = blk[:, None] * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
-        v_off = blk[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :]
-        if EVEN_D and not MASKED:
-            k = tl.load(kc_ptr + k_off)
-            v = tl.load(vc_ptr + v_off)
-        else:
-            k = tl.load(kc_ptr + k_off, mask=kv_mask, other=0.0)
-            v = tl.load(vc_ptr + v_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        if MASKED:
-            qk = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        k, v, n = _load_tile(t, kv_end, bt_row, kc_ptr, vc_ptr, kvh, offs_n, offs_d, d_ok, stride_kb, stride_ks,
+                             stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, EVEN_D, MASKED)
+        keep = (n[None, :] <= q_pos[:, None]) & (n < kv_end)[None, :]
+        acc, m_i, l_i = _fold_tile(acc, m_i, l_i, q, k, v, keep, qk_scale, MASKED, PRECISION)
     return acc, m_i, l_i
 
 
@@ -105,8 +125,12 @@ def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_
                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, EARLY: tl.constexpr, USE_PDL: tl.constexpr):
     # Query tile qb of sequence seq (BLOCK_Q tokens x the GROUP heads of KV head kvh) over its causal KV range.
+    # EARLY: the kernel has not waited for the previous one yet (PDL); this waits once the first KV tile is loaded,
+    # if that tile holds only keys cached by earlier passes (no kernel of this pass writes them). Only a split
+    # launch (one or few tiles per program) gains: H200, one decode at 1k 4.16 -> 4.07 ms a step, while whole
+    # contexts per program lost 0.6-1.0 ms at batch 16-64 (pass_timeline_gpu.py --pdl).
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     ctx = tl.load(ctx_ptr + seq)
@@ -117,8 +141,6 @@ def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_
     q_pos = ctx - q_len + tok
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # Causal: this tile needs keys up to the position of its last query; tiles wholly at or before its
     # first query's position need no mask.
@@ -139,6 +161,19 @@ def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    if EARLY:
+        early = t_lo < tl.minimum(t_full, (ctx - q_len) // BLOCK_N)  # tile t_lo is whole and cached before
+        k, v, n = _load_tile(t_lo, tl.where(early, kv_end, 0), bt_row, kc_ptr, vc_ptr, kvh, offs_n, offs_d, d_ok,
+                             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE,
+                             HEAD_DIM == BLOCK_D, True)
+        wait_for_previous(USE_PDL)
+    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if EARLY:  # all keys masked off when the tile was not loaded: folding it changes nothing
+        acc, m_i, l_i = _fold_tile(acc, m_i, l_i, q, k, v, (early & (n < kv_end))[None, :], qk_scale, True,
+                                   PRECISION)
+        t_lo += early.to(tl.int32)
+        t_full = tl.maximum(t_full, t_lo)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_full, kv_end, bt_row, kc_ptr, vc_ptr, kvh,
                                   offs_n, offs_d, d_ok, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb,
                                   stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, HEAD_DIM == BLOCK_D, False, PRECISION)
@@ -184,7 +219,10 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, QLEN_FILTER: tl.constexpr,
-                      STRIDED: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr):
+                      STRIDED: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr,
+                      EARLY: tl.constexpr, USE_PDL: tl.constexpr):
+    if not EARLY:  # else each program waits once it has loaded its first KV tile (``_attend_item``)
+        wait_for_previous(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -203,7 +241,7 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                          n_qb - 1 - qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
                          stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                          stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE, NUM_SPLITS,
-                         PRECISION)
+                         PRECISION, False, USE_PDL)
     else:  # one query tile per program
         if QLEN_FILTER == 1:  # one program per sequence: a decode has one query
             seq = pid
@@ -225,13 +263,16 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                          qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
                          stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                          stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE, NUM_SPLITS,
-                         PRECISION)
+                         PRECISION, EARLY, USE_PDL)
+        elif EARLY:  # a program without work waits too: kernels after this one count on all before it being done
+            wait_for_previous(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, num_tokens, num_heads, stride_ot, stride_oh,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
+                         BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_previous(USE_PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -283,7 +324,9 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 
     A decode-only batch (T == B) is one launch with small M tiles and, when B * Hkv programs are fewer than
     the SMs, a KV split toward 4 programs per SM, bounded by the block table's width (on an H200 a split cost
-    20-24% at 2-4 programs per SM, and halved batch-8 decode time at 8 KV heads). A batch with prompt
+    20-24% at 2-4 programs per SM, and halved batch-8 decode time at 8 KV heads). Software pipelining: none for
+    a split (1 stage: 11.1 vs 15.1 us at 3 for one Llama-2-7B decode at 1k, 12.5 vs 14.1 for Llama-3-8B at 4k),
+    2 stages otherwise (batch 64 at 1k: 257 vs 285 us; ``kernels_gpu.py --sweep``). A batch with prompt
     chunks is two launches, decodes then the rest: 4-9% faster than one launch with the chunks' larger tiles;
     ``strided`` (for CUDA graphs), one launch over a work list of all tiles with a bounded grid (see
     ``GRAPH_PROGRAMS_PER_SM``).
@@ -298,7 +341,7 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
         if strided:  # one launch: decodes and chunk tiles share the grid, and a graph pays one launch's padding
             return [dataclasses.replace(chunk, qlen_filter=0, strided_per_sm=GRAPH_PROGRAMS_PER_SM)]
-        return [AttentionConfig(decode_m, 64, 4, 3, qlen_filter=1), chunk]
+        return [AttentionConfig(decode_m, 64, 4, 2, qlen_filter=1), chunk]
     block_n = 64
     programs = num_seqs * num_kv_heads
     sms = _sm_count(q.device)
@@ -307,7 +350,8 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
         max_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
         want = min(triton.cdiv(4 * sms, programs), max_tiles, 32)
         splits = 1 << (want.bit_length() - 1)  # a power of two: fewer kernel variants to compile
-    return [AttentionConfig(decode_m, block_n, 4, 3, num_splits=splits)]
+    # One KV tile or few per program (a split) leaves nothing to pipeline; a whole context needs two stages.
+    return [AttentionConfig(decode_m, block_n, 4, 1 if splits > 1 else 2, num_splits=splits)]
 
 
 # Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
@@ -344,9 +388,10 @@ def _validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> 
 
 def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                         scale: float, cfg: AttentionConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+                         scale: float, cfg: AttentionConfig, out: torch.Tensor | None = None,
+                         pdl: bool = False) -> torch.Tensor:
     """``paged_attention`` with an explicit launch config (for tests and tuning); writes into ``out`` if given.
-    With ``qlen_filter`` set, rows of the other kind are left untouched."""
+    With ``qlen_filter`` set, rows of the other kind are left untouched. ``pdl``: launch with PDL (``triton_pdl``)."""
     _validate(q, k_cache, v_cache)
     if q.stride(2) != 1:
         q = q.contiguous()
@@ -384,33 +429,34 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits, QLEN_FILTER=cfg.qlen_filter,
-        STRIDED=cfg.strided_per_sm > 0,
+        STRIDED=cfg.strided_per_sm > 0, EARLY=pdl and cfg.num_splits > 1,
         BLOCK_S=max(MIN_BLOCK_S, triton.next_power_of_2(num_seqs)) if cfg.strided_per_sm else 1,
-        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl))
     if cfg.num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
             out, pacc, pm, pl, num_tokens, num_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=cfg.num_splits,
-            BLOCK_S=triton.next_power_of_2(cfg.num_splits), num_warps=4)
+            BLOCK_S=triton.next_power_of_2(cfg.num_splits), num_warps=4, **launch_kwargs(pdl))
     return out
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    strided: bool = False) -> torch.Tensor:
+                    strided: bool = False, pdl: bool = False) -> torch.Tensor:
     """Causal attention of a ragged mixed batch over the paged cache; see ``reference.paged_attention``.
-    ``strided``: the launch shape for a CUDA graph (``default_config``)."""
+    ``strided``: the launch shape for a CUDA graph (``default_config``); ``pdl``: launch with PDL."""
     _validate(q, k_cache, v_cache)
     out = None
     for cfg in default_config(q, k_cache, block_tables, context_lens, strided):
         out = paged_attention_with(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, cfg,
-                                   out=out)
+                                   out=out, pdl=pdl)
     return out
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Scatter new keys/values [T, Hkv, D] into the paged cache at ``slot_mapping`` (-1 skips a token)."""
+             slot_mapping: torch.Tensor, pdl: bool = False) -> None:
+    """Scatter new keys/values [T, Hkv, D] into the paged cache at ``slot_mapping`` (-1 skips a token);
+    ``pdl``: launch with PDL (``triton_pdl``)."""
     if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:] or k_cache.shape != v_cache.shape:
         raise ValueError(f"expected k, v [T, Hkv, D] matching caches [blocks, block_size, Hkv, D], got "
                          f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -428,4 +474,5 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4)
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
+        **launch_kwargs(pdl))

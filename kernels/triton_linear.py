@@ -15,11 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_pdl import launch_kwargs, wait_for_previous
+
 
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr):
+                   EVEN: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -30,8 +33,18 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
     if BLOCK_M == 1:
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        # The first weight tile is loaded before waiting for the kernel that writes x (with PDL, while it drains).
+        if EVEN:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        wait_for_previous(USE_PDL)
+        if EVEN:
+            x = tl.load(x_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        acc2 = w.to(tl.float32) * x.to(tl.float32)
+        for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN:
                 w = tl.load(w_ptrs + k)
                 x = tl.load(x_ptrs + k)
@@ -42,6 +55,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
             acc2 += w.to(tl.float32) * x.to(tl.float32)
         acc = tl.sum(acc2, 1)[None, :]
     else:
+        wait_for_previous(USE_PDL)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN:
@@ -81,8 +95,9 @@ def default_config(m: int, n: int, k: int) -> LinearConfig:
     return LinearConfig(16, 32, 256, 4, 5)
 
 
-def linear_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: LinearConfig) -> torch.Tensor:
-    """``linear`` with an explicit launch config (tests and tuning)."""
+def linear_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: LinearConfig,
+                pdl: bool = False) -> torch.Tensor:
+    """``linear`` with an explicit launch config (tests and tuning); ``pdl``: launch with PDL (``triton_pdl``)."""
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"expected x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
@@ -105,14 +120,14 @@ def linear_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                          weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
                          BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
                          PRECISION="ieee" if x.dtype == torch.float32 else "tf32", NUM_STAGES=cfg.num_stages,
-                         num_warps=cfg.num_warps)
+                         num_warps=cfg.num_warps, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ bias) -> [..., N]: this kernel for up to ``MAX_ROWS`` rows of bf16/fp16,
     else cuBLAS."""
     rows = x.numel() // max(1, x.shape[-1])
     if rows > MAX_ROWS or x.dtype == torch.float32:
         return torch.nn.functional.linear(x, weight, bias)
-    return linear_with(x, weight, bias, default_config(rows, *weight.shape))
+    return linear_with(x, weight, bias, default_config(rows, *weight.shape), pdl)

@@ -6,10 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_pdl import launch_kwargs, wait_for_previous
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r, stride_o, stride_ro,
-                     n_cols, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     n_cols, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -27,8 +30,9 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm with the residual add fused in front: returns (norm(x + residual) * weight, x + residual)."""
+             residual: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm with the residual add fused in front: returns (norm(x + residual) * weight, x + residual).
+    ``pdl``: launch with PDL (``triton_pdl``)."""
     hidden = x.shape[-1]
     if weight.shape != (hidden,):
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match hidden size {hidden}")
@@ -55,5 +59,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out2 = out.view(-1, hidden)
     _rms_norm_kernel[(rows,)](x2, r2, weight, out2, rout, x2.stride(0), r2.stride(0), out2.stride(0),
                               rout.stride(0), hidden, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
-                              num_warps=min(16, max(1, block // 256)))
+                              num_warps=min(16, max(1, block // 256)), **launch_kwargs(pdl))
     return out, residual_out

@@ -96,8 +96,17 @@ def test_norm_rotary_activation_full_size():
     q = torch.randn(2048, HEADS, HEAD_DIM, device="cuda", dtype=DT)
     k = torch.randn(2048, KV_HEADS, HEAD_DIM, device="cuda", dtype=DT)
     pos = torch.randint(0, 4096, (2048,), device="cuda")
-    for out, expect in zip(rot.rotary_embedding(q, k, pos, cache), ref.rotary_embedding(q, k, pos, cache)):
+    q_expect, k_expect = ref.rotary_embedding(q, k, pos, cache)
+    for out, expect in zip(rot.rotary_embedding(q, k, pos, cache), (q_expect, k_expect)):
         assert rel_err(out, expect) < TOL
+    v = torch.randn_like(k)
+    slots = torch.randperm(8192, device="cuda")[:2048]
+    slots[::5] = -1
+    caches = [torch.randn(8192 // 16, 16, KV_HEADS, HEAD_DIM, device="cuda", dtype=DT) for _ in range(2)]
+    expect = [c.clone() for c in caches]
+    ref.write_kv(k_expect, v, *expect, slots)
+    q_out = rot.rotary_embedding_and_write_kv(q, k, v, pos, cache, *caches, slots)
+    assert rel_err(q_out, q_expect) < TOL and rel_err(caches[0], expect[0]) < TOL and torch.equal(caches[1], expect[1])
     _, act = kernels_pair("triton_activation")
     gate_up = torch.randn(2048, 2 * INTER, device="cuda", dtype=DT)
     assert rel_err(act.silu_and_mul(gate_up), ref.silu_and_mul(gate_up)) < TOL
@@ -243,3 +252,20 @@ def test_pass_graphs_match_eager_passes(llama7b):
     while engine_.has_unfinished():
         engine_.step()
     assert ("mixed", True) in kinds, kinds  # padded (decode padding: tests/test_runner.py and the test above)
+
+
+def test_inputs_staged_through_one_pinned_buffer(llama7b):
+    """``ModelRunner.to_device`` reuses one pinned buffer: in and out of inference mode, grown when too small, and
+    written again right after an asynchronous copy out of it (which it must wait for)."""
+    import numpy as np
+
+    runner = llama7b.engine.runner
+    small, large = np.arange(100, dtype=np.int32), np.arange(70_000, dtype=np.int32)[::-1].copy()
+    with torch.inference_mode():
+        a = runner.to_device(small)
+    b = runner.to_device(large)
+    c = runner.to_device(small * 3)
+    out = torch.zeros(200, dtype=torch.int32, device="cuda")
+    d = runner.to_device(small + 7, out=out)
+    assert a.tolist() == small.tolist() and b.tolist() == large.tolist() and c.tolist() == (small * 3).tolist()
+    assert d.data_ptr() == out.data_ptr() and out[:100].tolist() == (small + 7).tolist() and not out[100:].any()

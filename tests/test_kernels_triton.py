@@ -174,6 +174,23 @@ def test_paged_attention_decode_split(tk, poison, dtype, head_dim, splits):
     assert cfg.num_splits == 1 and cfg.block_m == 16
 
 
+@pytest.mark.parametrize("splits", [2, 3])
+def test_paged_attention_first_tile_before_the_wait(tk, poison, monkeypatch, splits):
+    """Launched with PDL and a KV split, a program loads its first KV tile before waiting for the previous kernel
+    when that tile holds only keys cached by earlier passes, and loads nothing then otherwise. Run here without
+    the wait (the interpreter runs no PTX): contexts ending inside, at the end of and past the first KV tiles,
+    and a chunk with a cached prefix."""
+    ta = tk["triton_attention"]
+    monkeypatch.setattr(ta, "launch_kwargs", lambda pdl: {"USE_PDL": False})
+    chunk, prefix = (int(x) for x in torch.randint(20, 70, (2,)))
+    ctxs = [1, 31, 32, 33, 64, 65, int(torch.randint(66, 150, ())), prefix + chunk]
+    q_lens = [1] * 7 + [chunk]
+    args = _batch(q_lens, ctxs, 4, 2, 64, 16, torch.float32)
+    expect = ref.paged_attention(*args, 0.125)
+    out = ta.paged_attention_with(*args, 0.125, ta.AttentionConfig(16, 32, 4, 1, num_splits=splits), pdl=True)
+    assert _rel_err(out, expect) < _TOL[torch.float32]
+
+
 def test_attention_rejects_bad_shapes(tk):
     ta = tk["triton_attention"]
     args = list(_batch([1], [5], 4, 2, 72, 16, torch.float32))
@@ -233,6 +250,43 @@ def test_rotary_embedding(tk, poison, dtype, head_dim):
     assert _rel_err(q_out, q_ref) < _TOL[dtype] and _rel_err(k_out, k_ref) < _TOL[dtype]
     with pytest.raises(ValueError, match="head_dim"):
         tk["triton_rotary"].rotary_embedding(q, k, positions, cache[:, :-2])
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads,head_dim", [(torch.float32, 4, 2, 64), (torch.bfloat16, 3, 3, 80),
+                                                          (torch.float16, 8, 1, 128)])
+def test_rotary_embedding_and_write_kv(tk, poison, dtype, heads, kv_heads, head_dim):
+    """Rotation and the cache write in one launch, against the two references; slot -1 writes nothing."""
+    tokens, block_size, num_blocks = 7, 16, 4
+    q, k, v = (torch.randn(tokens, h, head_dim).to(dtype) for h in (heads, kv_heads, kv_heads))
+    positions = torch.randint(0, 50, (tokens,))
+    ang = torch.outer(torch.arange(64).float(), 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)))
+    cos_sin = torch.cat((ang.cos(), ang.sin()), -1)
+    slots = torch.randperm(num_blocks * block_size)[:tokens]
+    slots[int(torch.randint(0, tokens, ()))] = -1
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn_like(k_cache)
+    k_expect, v_expect = k_cache.clone(), v_cache.clone()
+    q_expect, k_rot = ref.rotary_embedding(q, k, positions, cos_sin)
+    ref.write_kv(k_rot, v, k_expect, v_expect, slots)
+    out = tk["triton_rotary"].rotary_embedding_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    assert out.shape == q.shape and _rel_err(out, q_expect) < _TOL[dtype]
+    assert _rel_err(k_cache, k_expect) < _TOL[dtype] and torch.equal(v_cache, v_expect)
+
+
+def test_rotary_embedding_and_write_kv_dispatch(monkeypatch):
+    """On the CPU, and with ``kernels.FUSED`` off, the two references run in turn."""
+    import kernels
+    q, k, v = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    cos_sin, positions, slots = torch.randn(10, 8), torch.tensor([1, 5, 9]), torch.tensor([0, -1, 6])
+    caches = [torch.zeros(2, 4, 2, 8) for _ in range(4)]
+    q_expect, k_rot = ref.rotary_embedding(q, k, positions, cos_sin)
+    ref.write_kv(k_rot, v, caches[0], caches[1], slots)
+    for fused in (True, False):
+        monkeypatch.setattr(kernels, "FUSED", fused)
+        kc, vc = (c.zero_() for c in caches[2:])
+        assert torch.equal(kernels.rotary_embedding_and_write_kv(q, k, v, positions, cos_sin, kc, vc, slots),
+                           q_expect)
+        assert torch.equal(kc, caches[0]) and torch.equal(vc, caches[1])
 
 
 @pytest.mark.parametrize("dtype,width", [(torch.float32, 96), (torch.bfloat16, 2 * 1100), (torch.float16, 64)])
@@ -300,13 +354,33 @@ def test_attention_dispatch_strides_within_graph_kernels(monkeypatch):
 
     import kernels
     calls = []
-    fake = types.SimpleNamespace(paged_attention=lambda *a, strided: calls.append(strided))
+    fake = types.SimpleNamespace(paged_attention=lambda *a, strided, pdl: calls.append((strided, pdl)))
     monkeypatch.setattr(kernels, "_impl", lambda module, x: fake)
     args = [torch.zeros(1)] * 6 + [1.0]
     kernels.paged_attention(*args)
     with kernels.graph_kernels():
         kernels.paged_attention(*args)
-    assert calls == [False, True]
+    assert calls == [(False, False), (True, False)]  # no PDL off CUDA
+
+
+def test_pdl_only_within_graph_kernels_on_hopper(monkeypatch):
+    """Triton kernels launch with PDL inside ``graph_kernels()`` on a CUDA device of compute capability 9+,
+    unless SPLITFUSE_PDL=0 turned it off."""
+    import types
+
+    import kernels
+    cuda = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    capable = {0: True}
+    monkeypatch.setattr(kernels, "_pdl_capable", lambda index: capable[index])
+    assert not kernels._pdl(cuda)
+    with kernels.graph_kernels():
+        assert kernels._pdl(cuda)
+        assert not kernels._pdl(torch.zeros(1))
+        capable[0] = False
+        assert not kernels._pdl(cuda)
+        capable[0] = True
+        monkeypatch.setattr(kernels, "PDL", False)
+        assert not kernels._pdl(cuda)
 
 
 def test_dispatch_uses_reference_off_cuda():

@@ -74,10 +74,13 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        k_cache, v_cache = kv_cache
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                                   meta.query_start_loc, self.scale)
+        ops.write_kv(k, v, *kv_cache, meta.slot_mapping)
+        return self.attend(q, kv_cache, meta)
+
+    def attend(self, q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention over the cache, this pass's keys and values already written."""
+        return ops.paged_attention(q, *kv_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
+                                   self.scale)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -137,3 +140,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         return ops.rotary_embedding(q, k, positions, self.cos_sin_cache)
+
+    def rotate_and_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                         kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """Rotated q; the rotated k and v written into the cache (one kernel on CUDA)."""
+        return ops.rotary_embedding_and_write_kv(q, k, v, positions, self.cos_sin_cache, *kv_cache,
+                                                 meta.slot_mapping)

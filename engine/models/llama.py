@@ -53,8 +53,8 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(q, k, positions)
-        out = self.attn(q, k, v, kv_cache, meta)
+        q = self.rotary.rotate_and_cache(q, k, v, positions, kv_cache, meta)
+        out = self.attn.attend(q, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
