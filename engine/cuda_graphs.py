@@ -51,6 +51,7 @@ class PassGraphs:
                                   device=runner.device)
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[str, int], torch.Tensor] = {}
+        self.greedy: dict[tuple[str, int], torch.Tensor] = {}  # argmax of each logits row, computed in the graph
         if capture:
             self._capture_all()
 
@@ -71,10 +72,11 @@ class PassGraphs:
         key = self.key(plan)
         return key[1] if key is not None and key[0] == "mixed" else None
 
-    def _forward(self, key: tuple[str, int]) -> torch.Tensor:
+    def _forward(self, key: tuple[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = self.layouts[key].inputs(self.static)
         hidden = self.runner.forward(inputs)
-        return self.runner.model.compute_logits(hidden if key[0] == "decode" else hidden[inputs.sample_rows])
+        logits = self.runner.model.compute_logits(hidden if key[0] == "decode" else hidden[inputs.sample_rows])
+        return logits, logits.argmax(dim=-1)
 
     def _fill_padding(self, key: tuple[str, int]) -> None:
         """Inputs of padding only: safe to run (nothing is written to the cache)."""
@@ -97,7 +99,7 @@ class PassGraphs:
                 torch.cuda.synchronize(self.runner.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[key] = self._forward(key)
+                    self.logits[key], self.greedy[key] = self._forward(key)
             pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize(self.runner.device)
@@ -105,18 +107,25 @@ class PassGraphs:
     @torch.inference_mode()
     def run(self, plan: BatchPlan) -> torch.Tensor:
         """Logits [S, vocab] of the plan's sampling rows, through the graph of the plan's bucket."""
+        return self.run_with_greedy(plan)[0]
+
+    @torch.inference_mode()
+    def run_with_greedy(self, plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """``run``, and the argmax of each of those rows, taken inside the graph (a greedy pass then needs no
+        sampling kernels after it)."""
         key = self.key(plan)
         layout = self.layouts[key]
         buf, _ = pack_inputs(plan, self.runner.block_size, pad_to=layout, all_rows=key[0] == "decode")
         self.runner.to_device(buf, out=self.static)
         if self.capture:
             self.graphs[key].replay()
-            logits = self.logits[key]
+            logits, greedy = self.logits[key], self.greedy[key]
         else:
-            logits = self._forward(key)
+            logits, greedy = self._forward(key)
         if key[0] == "mixed":
-            return logits[:sum(plan.samples)]
+            n = sum(plan.samples)
+            return logits[:n], greedy[:n]
         if all(plan.samples):
-            return logits[:plan.num_seqs]
-        rows = [i for i, s in enumerate(plan.samples) if s]
-        return logits[torch.tensor(rows, device=logits.device)]
+            return logits[:plan.num_seqs], greedy[:plan.num_seqs]
+        rows = torch.tensor([i for i, s in enumerate(plan.samples) if s], device=logits.device)
+        return logits[rows], greedy[rows]

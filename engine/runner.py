@@ -158,7 +158,7 @@ class ModelRunner:
             with torch.inference_mode(False):  # a normal tensor: written in and out of inference mode
                 self._staging = torch.empty(max(n, 1 << 16), dtype=host.dtype, pin_memory=True)
         staging = self._staging[:n]
-        staging.copy_(host)
+        staging.numpy()[:] = buf  # numpy's copy: no torch dispatch on the host path the GPU waits for
         dst = torch.empty(n, dtype=host.dtype, device=self.device) if out is None else out[:n]
         dst.copy_(staging, non_blocking=True)
         self._staged.record()
@@ -185,11 +185,12 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: BatchPlan) -> list[int]:
         """One pass for the plan; returns one sampled token id per entry with ``samples`` set, in plan order."""
+        greedy = None
         if self.uses_graph(plan):
-            logits = self.graphs.run(plan)
+            logits, greedy = self.graphs.run_with_greedy(plan)
         else:
             logits = self.execute_model(self.prepare_inputs(plan))
         sampling = [r for r, s in zip(plan.requests, plan.samples) if s]
         if not sampling:
             return []
-        return self.sampler(logits, sampling)
+        return self.sampler(logits, sampling, greedy)

@@ -31,8 +31,11 @@ class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """One token id per row of ``logits`` [N, vocab] (row i belongs to ``requests[i]``)."""
+    def __call__(self, logits: torch.Tensor, requests: list[Request], greedy: torch.Tensor | None = None) -> list[int]:
+        """One token id per row of ``logits`` [N, vocab] (row i belongs to ``requests[i]``). ``greedy``: each row's
+        argmax if already taken (in a CUDA graph): used when every request is greedy and none holds back tokens."""
+        if greedy is not None and all(r.sampling_params.greedy and not self._banned(r) for r in requests):
+            return greedy.tolist()
         logits = logits.float()
         self._hold_back_stop_tokens(logits, requests)
         params = [r.sampling_params for r in requests]
@@ -46,14 +49,18 @@ class Sampler:
         return greedy_tokens.tolist()
 
     @staticmethod
-    def _hold_back_stop_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
+    def _banned(r: Request) -> list[int]:
         """Until ``min_tokens`` are out, the stop tokens and EOS cannot be sampled (vLLM's behaviour)."""
+        p = r.sampling_params
+        if r.num_output_tokens >= p.min_tokens:
+            return []
+        return list(p.stop_token_ids) + ([r.eos_token_id] if r.eos_token_id is not None else [])
+
+    def _hold_back_stop_tokens(self, logits: torch.Tensor, requests: list[Request]) -> None:
         for i, r in enumerate(requests):
-            p = r.sampling_params
-            if r.num_output_tokens < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([r.eos_token_id] if r.eos_token_id is not None else [])
-                if banned:
-                    logits[i, banned] = float("-inf")
+            banned = self._banned(r)
+            if banned:
+                logits[i, banned] = float("-inf")
 
     def _uniforms(self, requests: list[Request]) -> torch.Tensor:
         u = []

@@ -7,8 +7,8 @@ the GROUP query heads that share that KV head, so a decode of a GQA model still 
 a K/V tile read once serves the whole group. KV tiles of BLOCK_N tokens are gathered through the block
 table and folded in with an online softmax (flash attention), accumulating in fp32. When the batch is all
 decodes and too small to fill the GPU, the KV range is split over several programs (flash decoding) and a
-second kernel merges the partial results. Captured in a CUDA graph, a mixed batch is one launch whose programs
-stride over a work list of its tiles, so the graph's padding sequences cost no programs.
+second kernel merges the partial results. Captured in a CUDA graph, each launch of a mixed batch has a bounded
+grid whose programs stride over a work list of its tiles, so the graph's padding sequences cost no programs.
 """
 
 from __future__ import annotations
@@ -328,8 +328,9 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     a split (1 stage: 11.1 vs 15.1 us at 3 for one Llama-2-7B decode at 1k, 12.5 vs 14.1 for Llama-3-8B at 4k),
     2 stages otherwise (batch 64 at 1k: 257 vs 285 us; ``kernels_gpu.py --sweep``). A batch with prompt
     chunks is two launches, decodes then the rest: 4-9% faster than one launch with the chunks' larger tiles;
-    ``strided`` (for CUDA graphs), one launch over a work list of all tiles with a bounded grid (see
-    ``GRAPH_PROGRAMS_PER_SM``).
+    ``strided`` (for CUDA graphs), each of the two strides over a work list of its tiles with a bounded grid
+    (see ``GRAPH_PROGRAMS_PER_SM``; H200, 704-token chunk + 64 decodes at 1k: 25.6 ms a pass against 26.3 in
+    one launch of the chunks' tiles).
     """
     num_tokens, num_heads, _ = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -339,9 +340,10 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     if num_tokens > num_seqs:
         chunk = CHUNK_CONFIG if group <= CHUNK_CONFIG.block_m else AttentionConfig(
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
-        if strided:  # one launch: decodes and chunk tiles share the grid, and a graph pays one launch's padding
-            return [dataclasses.replace(chunk, qlen_filter=0, strided_per_sm=GRAPH_PROGRAMS_PER_SM)]
-        return [AttentionConfig(decode_m, 64, 4, 2, qlen_filter=1), chunk]
+        launches = [AttentionConfig(decode_m, 64, 4, 2, qlen_filter=1), chunk]
+        if strided:
+            return [dataclasses.replace(c, strided_per_sm=GRAPH_PROGRAMS_PER_SM) for c in launches]
+        return launches
     block_n = 64
     programs = num_seqs * num_kv_heads
     sms = _sm_count(q.device)
@@ -359,11 +361,12 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 CHUNK_CONFIG = AttentionConfig(64, 64, 4, 3, qlen_filter=2)
 
 
-# Mixed batches captured in a CUDA graph launch at most this many programs per SM, striding over a work list of
-# their tiles: ~4 waves at the 2 programs per SM that a 64 x 128 bf16 tile pipeline leaves room for. A graph's
-# grid is sized for its bucket, whose padding sequences (256 in a large bucket) would otherwise each take a
-# program per KV head (H200, prefill 512 in a graph: attention 1.93 ms against 0.60 eager). Eager launches keep
-# one program per tile (their grid is tight, and the strided code measured 7-8% slower per tile).
+# Mixed batches captured in a CUDA graph launch at most this many programs per SM in each of their two launches,
+# striding over a work list of their tiles: ~4 waves at the 2 programs per SM that a 64 x 128 bf16 tile pipeline
+# leaves room for. A graph's grid is sized for its bucket, whose padding sequences (256 in a large bucket) would
+# otherwise each take a program per KV head (H200, prefill 512 in a graph: attention 1.93 ms against 0.60 eager).
+# Eager launches keep one program per tile (their grid is tight, and the strided code measured 7-8% slower per
+# tile).
 GRAPH_PROGRAMS_PER_SM = 8
 # The per-sequence tile counts of a strided launch are one vector of at least this many lanes: one compiled
 # variant for every batch of up to 256 sequences.

@@ -30,8 +30,8 @@ def test_graph_paths_sample_like_eager_path(max_tokens):
         engine, keys, tokens = llm.engine, [], {}
         if graphs:
             engine.runner.graphs = PassGraphs(engine.runner, 6, max_tokens, capture=False)
-            run_graph = engine.runner.graphs.run
-            engine.runner.graphs.run = lambda plan: keys.append(
+            run_graph = engine.runner.graphs.run_with_greedy
+            engine.runner.graphs.run_with_greedy = lambda plan: keys.append(
                 (plan.num_tokens, engine.runner.graphs.key(plan))) or run_graph(plan)
         step = 0
         while arrivals[step:] or engine.has_unfinished():

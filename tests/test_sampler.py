@@ -71,6 +71,16 @@ def test_min_tokens_holds_back_eos_and_stop_tokens():
     assert Sampler(0)(logits.clone(), [done]) == [1]
 
 
+def test_an_argmax_taken_in_the_graph_serves_only_all_greedy_batches_without_hold_backs():
+    logits = torch.tensor([[0.0, 9.0, 8.0, 1.0], [5.0, 0.0, 0.0, 0.0]])
+    given = torch.tensor([2, 3])  # not the logits' argmax: shows which path answered
+    greedy = SamplingParams(temperature=0)
+    assert Sampler(0)(logits.clone(), [request(greedy), request(greedy)], given) == [2, 3]
+    held = request(SamplingParams(temperature=0, min_tokens=1), eos_token_id=1)
+    assert Sampler(0)(logits.clone(), [held, request(greedy)], given) == [2, 0]  # EOS held back: from the logits
+    assert Sampler(0)(logits.clone(), [request(SamplingParams(top_k=1)), request(greedy)], given) == [1, 0]
+
+
 def test_seeded_rows_do_not_depend_on_the_batch_or_the_engine_seed():
     logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(1))
     seeded = request(SamplingParams(seed=7))
