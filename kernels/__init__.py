@@ -138,4 +138,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """See ``reference.linear``; see ``graph_kernels`` for when it runs Triton."""
     impl = _impl("triton_linear", x) if _GRAPH_KERNELS else reference
     return impl.linear(x, weight, bias, **_launch(impl, x))
-
