@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import engine_gpu as eg  # noqa: E402
 
+import engine.cuda_graphs  # noqa: E402
 import engine.llm  # noqa: E402
 import engine.weights  # noqa: E402
 import kernels  # noqa: E402
@@ -71,16 +72,16 @@ def trace_pass(llm: LLMEngine, plan) -> dict:
 
 
 def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[object, str, object]]],
-                     plans: dict[str, dict]) -> dict:
+                     plans: dict[str, dict], max_batch: int = 0) -> dict:
     """Replay ms (median of 3 interleaved rounds of 5) of ``plans`` with the graphs recaptured under each setting
     (``name: [(module, attribute, value), ...]``); the settings alternate within each round, so drift falls on
-    all."""
+    all. ``max_batch``: capture decode graphs only up to it (and mixed graphs of at most that many sequences)."""
     import gc
 
     from engine.cuda_graphs import PassGraphs
 
     runner = llm.runner
-    max_batch, max_tokens = runner.graphs.max_batch, runner.graphs.mixed_buckets[-1]
+    max_batch, max_tokens = max_batch or runner.graphs.max_batch, runner.graphs.mixed_buckets[-1]
     built = {name: passes.plan(**kw) for name, kw in plans.items()}
     times = {s: {name: [] for name in built} for s in settings}
     for _ in range(3):
@@ -110,6 +111,9 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="instead of the timelines, recapture the graphs with and "
                     "without programmatic dependent launch (and the fused rotary + KV write) and time decode and "
                     "SplitFuse passes")
+    ap.add_argument("--mixed-decode", default="", help="comma-separated BLOCK_N/warps/stages of the decode launch of "
+                    "mixed batches: instead of the timelines, recapture the 768-token pass graphs with each and time "
+                    "the SplitFuse passes")
     args = ap.parse_args()
     engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens
     engine.weights.random_init = eg.fast_random_init
@@ -123,7 +127,7 @@ def main() -> None:
     res = {"card": card, "torch": torch.__version__, "graph_tokens": args.graph_tokens,
            "mixed_buckets": graphs.mixed_buckets,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "plans": {}}
-    timelines = {} if args.graph_programs or args.pdl else {**PLANS, **DECODES}
+    timelines = {} if args.graph_programs or args.pdl or args.mixed_decode else {**PLANS, **DECODES}
     for name, kw in ((n, kw) for n, kw in timelines.items() if args.only in n):
         plan = passes.plan(**kw)
         row = {"graph": graphs.key(plan)}
@@ -152,6 +156,13 @@ def main() -> None:
                     "PDL on, unfused": [(kernels, "PDL", True), (kernels, "FUSED", False)],
                     "PDL on": [(kernels, "PDL", True), (kernels, "FUSED", True)]}
         res["pdl"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
+    if args.mixed_decode:
+        from kernels import triton_attention as ta
+        graphs = None
+        only_768 = (engine.cuda_graphs, "MIXED_BUCKETS", (768,))
+        res["mixed_decode"] = sweep_recaptured(
+            llm, passes, {v: [(ta, "MIXED_DECODE", tuple(map(int, v.split("/")))), only_768]
+                          for v in args.mixed_decode.split(",")}, SPLITFUSE, max_batch=80)
     tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
     Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{card} | {res['date']}")

@@ -110,13 +110,19 @@ class PassGraphs:
         return self.run_with_greedy(plan)[0]
 
     @torch.inference_mode()
-    def run_with_greedy(self, plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_with_greedy(self, plan: BatchPlan, ids_from: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """``run``, and the argmax of each of those rows, taken inside the graph (a greedy pass then needs no
-        sampling kernels after it)."""
+        sampling kernels after it). ``ids_from``: a decode pass's input ids, copied on the device."""
         key = self.key(plan)
         layout = self.layouts[key]
-        buf, _ = pack_inputs(plan, self.runner.block_size, pad_to=layout, all_rows=key[0] == "decode")
+        if ids_from is not None and key[0] != "decode":
+            raise ValueError("ids_from needs a decode-only plan")
+        buf, _ = pack_inputs(plan, self.runner.block_size, pad_to=layout, all_rows=key[0] == "decode",
+                             token_ids=ids_from is None)
         self.runner.to_device(buf, out=self.static)
+        if ids_from is not None:
+            self.static[:plan.num_tokens].copy_(ids_from[:plan.num_tokens])  # ids are the layout's first section
         if self.capture:
             self.graphs[key].replay()
             logits, greedy = self.logits[key], self.greedy[key]

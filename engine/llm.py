@@ -19,9 +19,9 @@ from engine.block_manager import BlockManager
 from engine.cuda_graphs import MAX_GRAPH_TOKENS
 from engine.memory import num_kv_blocks_for
 from engine.request import Request
-from engine.runner import ModelRunner
+from engine.runner import LaunchedPass, ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler import make_scheduler
+from engine.scheduler import BatchPlan, make_scheduler
 from engine.weights import load_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -102,13 +102,20 @@ class LLMEngine:
     of a pass of ``token_budget`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is given), and
     decode-only passes and passes of up to ``MAX_GRAPH_TOKENS`` tokens replay CUDA graphs (``enforce_eager=True``
     turns them off).
+
+    ``pipeline_decodes``: after enqueuing a greedy decode-graph pass, the engine also enqueues the pass that follows
+    it if nothing changes (every request one token further, input ids taken on the device from this pass's
+    argmax) before it waits for this one, so the GPU does not idle while the host updates, schedules and packs.
+    The next ``step`` schedules as always and uses that pass only if its plan is the same or a subset (requests
+    that finished or were aborted drop out; their rows are ignored); otherwise the pass is discarded. Plans and
+    tokens are exactly those of the engine without it.
     """
 
     def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
                  max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, pipeline_decodes: bool = True):
         _configure_logging()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -135,6 +142,9 @@ class LLMEngine:
         self.extra_eos_token_ids = config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
         self._requests: dict[str, tuple[Request, Prompt]] = {}
         self._next_id = itertools.count()
+        self.pipeline_decodes = pipeline_decodes
+        self._ahead: tuple[BatchPlan, list[int], LaunchedPass] | None = None  # the pass enqueued ahead
+        self.pipeline_stats = {"enqueued": 0, "used": 0, "discarded": 0}
 
     # -- requests in -------------------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -199,9 +209,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule and run one pass; returns an output for every request that got a token or finished."""
         plan = self.scheduler.schedule(time.monotonic())
+        launched = self._take_ahead(plan)
         if plan is None:
             return []
-        sampled = self.runner.run(plan)
+        if launched is None:
+            launched = self.runner.launch(plan)
+        if self.pipeline_decodes:
+            self._enqueue_ahead(plan, launched)
+        sampled = launched.result()
         finished = self.scheduler.update(plan, sampled, time.monotonic())
         outputs = []
         for request, samples in zip(plan.requests, plan.samples):
@@ -213,6 +228,52 @@ class LLMEngine:
             if entry is not None:
                 outputs.append(self._output(request, entry[1]))
         return outputs
+
+    def _enqueue_ahead(self, plan: BatchPlan, launched: LaunchedPass) -> None:
+        """Enqueue the decode pass that follows ``plan`` if nothing changes (see the class docstring). Not when
+        requests wait (the next plan would admit them), when one finishes by length in this pass, or when one
+        needs a new KV block for its next token: the ids it would write are then this pass's to own."""
+        if (launched.greedy is None or self.scheduler.waiting or plan.preempted
+                or plan.num_tokens != plan.num_seqs or not all(plan.samples)):
+            return
+        bs = self.block_manager.block_size
+        blocks, positions = [], []
+        for r, p in zip(plan.requests, plan.start_positions):
+            out = r.num_output_tokens + 1  # after this pass
+            if (out >= r.max_tokens or (r.max_model_len is not None and r.num_prompt_tokens + out >= r.max_model_len)
+                    or (p + 1) // bs >= len(r.block_table)):
+                return
+            blocks.append(r.block_table[(p + 1) // bs])
+            positions.append(p + 1)
+        n = plan.num_seqs
+        ahead = BatchPlan(list(plan.requests), [1] * n, positions, [True] * n, num_decodes=n)
+        self._ahead = (ahead, blocks, self.runner.launch(ahead, ids_from=launched.greedy))
+        self.pipeline_stats["enqueued"] += 1
+
+    def _take_ahead(self, plan: BatchPlan | None) -> LaunchedPass | None:
+        """The pass enqueued ahead, if ``plan`` is it or a subset of it (same requests at the same positions in
+        the same KV blocks); else None, and that pass is discarded (it wrote only slots its requests own)."""
+        if self._ahead is None:
+            return None
+        ahead, blocks, launched = self._ahead
+        self._ahead = None
+        rows = []
+        if plan is not None and plan.num_tokens == plan.num_seqs and not plan.preempted:
+            row_of = {id(r): i for i, r in enumerate(ahead.requests)}
+            bs = self.block_manager.block_size
+            for r, p in zip(plan.requests, plan.start_positions):
+                i = row_of.get(id(r))
+                if i is None or ahead.start_positions[i] != p or r.block_table[p // bs] != blocks[i]:
+                    rows = None
+                    break
+                rows.append(i)
+        if not rows:
+            self.pipeline_stats["discarded"] += 1
+            return None
+        self.pipeline_stats["used"] += 1
+        if len(rows) == ahead.num_seqs:
+            return launched
+        return LaunchedPass(lambda: (lambda ids: [ids[i] for i in rows])(launched.result()))
 
     def _output(self, request: Request, prompt: Prompt) -> RequestOutput:
         """The request after a pass in which it sampled exactly one new token."""

@@ -3,12 +3,15 @@
 Host work per pass is vectorized numpy that packs every integer input into one int32 array, moved to the
 device in one copy (``pack_inputs``). Decode-only passes and passes of up to ``max_graph_tokens`` tokens replay
 CUDA graphs (``engine.cuda_graphs``); larger passes run eagerly (their GEMMs are long enough to hide the
-launches). Sampling stays on the device; its ``tolist`` is the one host sync of a pass.
+launches). Sampling stays on the device; reading the sampled ids is the one host sync of a pass. ``launch``
+enqueues a pass and returns before that sync, so the engine can enqueue the next decode pass first (its input
+ids read on the device from this pass's argmax; see ``LLMEngine``).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +33,16 @@ class ModelInputs:
     positions: torch.Tensor  # [T]
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # [S]: the last row of each entry that samples, in plan order
+
+
+@dataclass
+class LaunchedPass:
+    """A pass enqueued on the device. ``result()`` waits for it and returns its sampled ids in plan order.
+    ``greedy``: those ids still on the device (each row's argmax, taken in a decode graph), when they are what
+    the sampler returns: the next decode pass can take its input ids from them without a host round trip."""
+
+    result: Callable[[], list[int]]
+    greedy: torch.Tensor | None = None
 
 
 class Layout:
@@ -60,12 +73,13 @@ class Layout:
 
 
 def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_to: Layout | None = None,
-                all_rows: bool = False) -> tuple[np.ndarray, Layout]:
+                all_rows: bool = False, token_ids: bool = True) -> tuple[np.ndarray, Layout]:
     """The plan's inputs in one int32 array. ``width``: block-table width (default: the longest table).
     ``pad_to``: the layout of a CUDA graph bucket to pad into (see ``engine.cuda_graphs``): for a decode bucket
     (as many tokens as sequences) padding sequences take one token each, write nowhere (slot -1) and attend to
     one cached token; for a mixed bucket padding tokens belong to no sequence and padding sequences are empty,
-    and unused sample rows point at row 0. ``all_rows``: no sample rows (the caller takes every row's logits)."""
+    and unused sample rows point at row 0. ``all_rows``: no sample rows (the caller takes every row's logits).
+    ``token_ids=False`` (decodes only): ids left 0, for a pass whose input ids are written on the device."""
     requests = plan.requests
     num_seqs, num_tokens = len(requests), plan.num_tokens
     tables = [r.block_table for r in requests]
@@ -94,7 +108,8 @@ def pack_inputs(plan: BatchPlan, block_size: int, width: int | None = None, pad_
     if num_tokens == num_seqs:  # decodes (and one-token chunks): no per-token expansion needed
         seq_of_token = np.arange(num_seqs)
         positions = starts
-        ids[:num_tokens] = [r.token_ids(s, s + 1)[0] for r, s in zip(requests, plan.start_positions)]
+        if token_ids:
+            ids[:num_tokens] = [r.token_ids(s, s + 1)[0] for r, s in zip(requests, plan.start_positions)]
     else:
         seq_of_token = np.repeat(np.arange(num_seqs), num_new)
         positions = np.arange(num_tokens) - (ends - num_new)[seq_of_token] + starts[seq_of_token]
@@ -136,6 +151,7 @@ class ModelRunner:
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
         self._staging: torch.Tensor | None = None  # pinned host buffer of ``to_device``
         self._staged = None  # CUDA event: the last copy out of it
+        self._sampled_host: list[tuple[torch.Tensor, torch.cuda.Event]] = []  # pinned ring of ``_fetch``
         self.graphs = None
         if use_cuda_graphs is None:
             use_cuda_graphs = self.device.type == "cuda"
@@ -183,14 +199,46 @@ class ModelRunner:
         return self.graphs is not None and self.graphs.fits(plan)
 
     @torch.inference_mode()
-    def run(self, plan: BatchPlan) -> list[int]:
-        """One pass for the plan; returns one sampled token id per entry with ``samples`` set, in plan order."""
+    def launch(self, plan: BatchPlan, ids_from: torch.Tensor | None = None) -> LaunchedPass:
+        """Enqueue one pass for the plan; ``result()`` of the returned pass gives one sampled token id per entry
+        with ``samples`` set, in plan order. ``ids_from``: the input ids of a decode-graph pass, on the device
+        (the previous pass's ``greedy``) instead of the requests' last tokens."""
         greedy = None
         if self.uses_graph(plan):
-            logits, greedy = self.graphs.run_with_greedy(plan)
+            logits, greedy = self.graphs.run_with_greedy(plan, ids_from)
+        elif ids_from is not None:
+            raise ValueError("ids_from needs a plan that runs a decode graph")
         else:
             logits = self.execute_model(self.prepare_inputs(plan))
         sampling = [r for r, s in zip(plan.requests, plan.samples) if s]
         if not sampling:
-            return []
-        return self.sampler(logits, sampling, greedy)
+            return LaunchedPass(list)
+        if greedy is not None and self.sampler.takes_greedy(sampling):
+            return LaunchedPass(self._fetch(greedy), greedy)
+        return LaunchedPass(lambda: self._sample(logits, sampling, greedy))
+
+    def run(self, plan: BatchPlan) -> list[int]:
+        """One pass for the plan, waited for: ``launch(plan).result()``."""
+        return self.launch(plan).result()
+
+    @torch.inference_mode()
+    def _sample(self, logits: torch.Tensor, requests: list, greedy: torch.Tensor | None) -> list[int]:
+        return self.sampler(logits, requests, greedy)
+
+    def _fetch(self, ids: torch.Tensor) -> Callable[[], list[int]]:
+        """Start copying ``ids`` to the host; the returned call waits for them. On CUDA the copy goes to one of two
+        pinned buffers (a pass and the one enqueued behind it), so a later pass may overwrite ``ids`` on the
+        device before the host reads them."""
+        if self.device.type != "cuda":
+            ids = ids.clone()
+            return ids.tolist
+        n = ids.numel()
+        if not self._sampled_host or self._sampled_host[0][0].numel() < n:
+            with torch.inference_mode(False):
+                self._sampled_host = [(torch.empty(max(n, 256), dtype=ids.dtype, pin_memory=True),
+                                       torch.cuda.Event()) for _ in range(2)]
+        self._sampled_host.reverse()
+        host, done = self._sampled_host[0]
+        host[:n].copy_(ids, non_blocking=True)
+        done.record()
+        return lambda: (done.synchronize(), host[:n].tolist())[1]

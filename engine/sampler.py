@@ -34,7 +34,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request], greedy: torch.Tensor | None = None) -> list[int]:
         """One token id per row of ``logits`` [N, vocab] (row i belongs to ``requests[i]``). ``greedy``: each row's
         argmax if already taken (in a CUDA graph): used when every request is greedy and none holds back tokens."""
-        if greedy is not None and all(r.sampling_params.greedy and not self._banned(r) for r in requests):
+        if greedy is not None and self.takes_greedy(requests):
             return greedy.tolist()
         logits = logits.float()
         self._hold_back_stop_tokens(logits, requests)
@@ -47,6 +47,10 @@ class Sampler:
         picked = self._sample(logits[rows], [requests[i] for i in random_rows])
         greedy_tokens[rows] = picked
         return greedy_tokens.tolist()
+
+    def takes_greedy(self, requests: list[Request]) -> bool:
+        """Whether the tokens of ``requests`` are each row's plain argmax (all greedy, none holding tokens back)."""
+        return all(r.sampling_params.greedy and not self._banned(r) for r in requests)
 
     @staticmethod
     def _banned(r: Request) -> list[int]:

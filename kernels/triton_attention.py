@@ -340,7 +340,8 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     if num_tokens > num_seqs:
         chunk = CHUNK_CONFIG if group <= CHUNK_CONFIG.block_m else AttentionConfig(
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
-        launches = [AttentionConfig(decode_m, 64, 4, 2, qlen_filter=1), chunk]
+        block_n, warps, stages = MIXED_DECODE
+        launches = [AttentionConfig(decode_m, block_n, warps, stages, qlen_filter=1), chunk]
         if strided:
             return [dataclasses.replace(c, strided_per_sm=GRAPH_PROGRAMS_PER_SM) for c in launches]
         return launches
@@ -355,6 +356,9 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     # One KV tile or few per program (a split) leaves nothing to pipeline; a whole context needs two stages.
     return [AttentionConfig(decode_m, block_n, 4, 1 if splits > 1 else 2, num_splits=splits)]
 
+
+# The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages.
+MIXED_DECODE = (64, 4, 2)
 
 # Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
 # and 2-3 stages found all of them 5-35% slower than 64 x 64 with 4 warps and 3 stages.

@@ -269,3 +269,44 @@ def test_inputs_staged_through_one_pinned_buffer(llama7b):
     d = runner.to_device(small + 7, out=out)
     assert a.tolist() == small.tolist() and b.tolist() == large.tolist() and c.tolist() == (small * 3).tolist()
     assert d.data_ptr() == out.data_ptr() and out[:100].tolist() == (small + 7).tolist() and not out[100:].any()
+
+
+def test_decode_passes_enqueued_ahead_match_plain_steps(llama7b):
+    """On the GPU the pass enqueued ahead reads its input ids from the previous replay's argmax while the host is
+    still busy: same plans and, where no request leaves the batch early, bit-identical tokens without it. A late
+    arrival discards the pass ahead; an abort uses it in part."""
+    from engine import SamplingParams
+
+    engine_ = llama7b.engine
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 32000, (n,), generator=g).tolist() for n in (40, 700, 9, 130, 64)]
+
+    def drive(pipeline: bool, abort: bool):
+        engine_.pipeline_decodes = pipeline
+        before = dict(engine_.pipeline_stats)
+        plans, tokens = [], {}
+        for i, p in enumerate(prompts[:4]):
+            engine_.add_request(p, SamplingParams(max_tokens=20 + 7 * i, temperature=0, ignore_eos=True),
+                                request_id=f"{pipeline}{abort}{i}")
+        step = 0
+        while engine_.has_unfinished():
+            if step == 12:
+                engine_.add_request(prompts[4], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
+                                    request_id=f"{pipeline}{abort}4")
+            if abort and step == 25:
+                engine_.abort(f"{pipeline}{abort}2")
+            plans.append(engine_.scheduler.running and [r.request_id[-1] for r in engine_.scheduler.running])
+            for out in engine_.step():
+                tokens[out.request_id[-1]] = out.token_ids
+            step += 1
+        engine_.pipeline_decodes = True
+        return plans, tokens, {k: v - before[k] for k, v in engine_.pipeline_stats.items()}
+
+    plain_plans, plain, _ = drive(False, abort=False)
+    piped_plans, piped, stats = drive(True, abort=False)
+    assert piped_plans == plain_plans and piped == plain
+    assert stats["used"] > 20 and stats["discarded"] >= 1, stats
+    plain_plans, plain, _ = drive(False, abort=True)
+    piped_plans, piped, stats = drive(True, abort=True)
+    assert piped_plans == plain_plans and piped.keys() == plain.keys() and stats["used"] > 20
+    assert sum(a == b for k in plain for a, b in zip(plain[k], piped[k])) >= 0.9 * sum(map(len, plain.values()))

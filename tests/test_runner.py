@@ -31,8 +31,8 @@ def test_graph_paths_sample_like_eager_path(max_tokens):
         if graphs:
             engine.runner.graphs = PassGraphs(engine.runner, 6, max_tokens, capture=False)
             run_graph = engine.runner.graphs.run_with_greedy
-            engine.runner.graphs.run_with_greedy = lambda plan: keys.append(
-                (plan.num_tokens, engine.runner.graphs.key(plan))) or run_graph(plan)
+            engine.runner.graphs.run_with_greedy = lambda plan, *a: keys.append(
+                (plan.num_tokens, engine.runner.graphs.key(plan))) or run_graph(plan, *a)
         step = 0
         while arrivals[step:] or engine.has_unfinished():
             if step < len(arrivals):

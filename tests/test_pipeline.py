@@ -1,0 +1,106 @@
+"""Decode passes enqueued ahead (``LLMEngine(pipeline_decodes=True)``), on the CPU through
+``PassGraphs(capture=False)``: the engine must schedule the very same plans and produce the very same tokens as
+without them, whatever happens between steps (arrivals, aborts, requests stopping on a token, on length, or held
+back by ``min_tokens``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.cuda_graphs import PassGraphs
+
+
+def make_engine(pipeline: bool, max_num_seqs: int = 6) -> LLMEngine:
+    engine = LLMEngine("tiny-llama", device="cpu", dtype="float32", token_budget=32, block_size=4,
+                       num_kv_blocks=200, max_num_seqs=max_num_seqs, pipeline_decodes=pipeline)
+    engine.runner.graphs = PassGraphs(engine.runner, max_num_seqs, 32, capture=False)
+    return engine
+
+
+def drive(engine: LLMEngine, events: dict[int, list]) -> tuple[dict, list]:
+    """Run until done, applying ``events[step]`` (("add", id, prompt, params) or ("abort", id)) before each step;
+    returns every request's tokens and finish reason, and each pass's plan as (request id, position) pairs."""
+    plans, results = [], {}
+    schedule = engine.scheduler.schedule
+
+    def recording(*a, **kw):
+        plan = schedule(*a, **kw)
+        if plan is not None:
+            plans.append([(r.request_id, p, n) for r, p, n in zip(plan.requests, plan.start_positions,
+                                                                     plan.num_new_tokens)])
+        return plan
+
+    engine.scheduler.schedule = recording
+    step = 0
+    while step <= max(events) or engine.has_unfinished():
+        for event in events.get(step, []):
+            if event[0] == "add":
+                engine.add_request(event[2], event[3], request_id=event[1])
+            else:
+                engine.abort(event[1])
+        for out in engine.step():
+            results[out.request_id] = (out.token_ids, out.finish_reason)
+        step += 1
+    return results, plans
+
+
+def scenario(seed: int, stop_tokens: dict[str, int] | None = None) -> dict[int, list]:
+    g = torch.Generator().manual_seed(seed)
+    events: dict[int, list] = {}
+    for i in range(7):
+        step = int(torch.randint(0, 40, (1,), generator=g))
+        prompt = torch.randint(3, 300, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
+        stop = [stop_tokens[str(i)]] if stop_tokens and str(i) in stop_tokens else []
+        params = SamplingParams(max_tokens=int(torch.randint(2, 30, (1,), generator=g)), temperature=0,
+                                ignore_eos=True, stop_token_ids=stop, min_tokens=2 if i == 3 else 0)
+        events.setdefault(step, []).append(("add", str(i), prompt, params))
+    events.setdefault(int(torch.randint(5, 50, (1,), generator=g)), []).append(("abort", "5"))
+    return events
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_pipelined_engine_schedules_and_samples_like_the_plain_one(seed):
+    # first without stop tokens, to pick tokens that some requests will then stop on mid-way
+    free, _ = drive(make_engine(pipeline=False), scenario(seed))
+    stops = {rid: toks[len(toks) // 2] for rid, (toks, _) in free.items() if int(rid) % 2 == 0 and len(toks) > 2}
+    plain, plain_plans = drive(make_engine(pipeline=False), scenario(seed, stops))
+    engine = make_engine(pipeline=True)
+    piped, piped_plans = drive(engine, scenario(seed, stops))
+    assert piped == plain and piped_plans == plain_plans
+    assert "stop" in {reason for _, reason in plain.values()}
+    stats = engine.pipeline_stats
+    assert stats["used"] > 0 and stats["enqueued"] == stats["used"] + stats["discarded"]
+
+
+def test_a_request_that_stops_leaves_the_pass_ahead_in_use():
+    """Two decoding requests, one stops on a token: the pass enqueued ahead still serves the other."""
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    free, _ = drive(make_engine(pipeline=False), {0: [("add", str(i), p, params) for i, p in enumerate(prompts)]})
+    stop = free["0"][0][4]
+    with_stop = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[stop]), params]
+    events = {0: [("add", str(i), p, s) for i, (p, s) in enumerate(zip(prompts, with_stop))]}
+    plain, _ = drive(make_engine(pipeline=False), events)
+    engine = make_engine(pipeline=True)
+    used, take = [], engine._take_ahead
+
+    def spy(plan):
+        ahead = engine._ahead
+        launched = take(plan)
+        if launched is not None:
+            used.append((plan.num_seqs, ahead[0].num_seqs))
+        return launched
+
+    engine._take_ahead = spy
+    piped, _ = drive(engine, events)
+    assert piped == plain and plain["0"][1] == "stop" and len(plain["1"][0]) == 12
+    assert (1, 2) in used and engine.pipeline_stats["discarded"] == 0
+
+
+def test_nothing_is_enqueued_ahead_when_sampling_is_not_greedy():
+    engine = make_engine(pipeline=True)
+    events = {0: [("add", "0", [3, 4, 5], SamplingParams(max_tokens=8, temperature=0.8, seed=1))]}
+    drive(engine, events)
+    assert engine.pipeline_stats["enqueued"] == 0
