@@ -158,13 +158,13 @@ def steady_decode(llm: LLMEngine, batch: int, pipelined: bool, prompt_len: int =
                   steps: int = 64) -> dict:
     """Decode steps as the engine runs them: ``batch`` greedy requests with prompts of ``prompt_len`` tokens are
     prefilled, then ``steps`` calls of ``LLMEngine.step`` (after ``skip``) are timed on the host clock, each
-    returning its sampled tokens (contexts ``prompt_len + skip + 1`` on, ~1k on average). ``pipelined``: with
+    returning its sampled tokens (~1k context on average: SplitFuse starts the first requests' decodes while the
+    last ones prefill, so at batch 64 contexts differ), then the requests are aborted. ``pipelined``: with
     ``pipeline_decodes`` (the next decode pass enqueued before the host waits for this one)."""
     llm.pipeline_decodes = pipelined
     rng = np.random.default_rng(SEED + batch)
-    params = SamplingParams(max_tokens=skip + steps + 8, temperature=0, ignore_eos=True)
-    for _ in range(batch):
-        llm.add_request(rng.integers(3, VOCAB, prompt_len).tolist(), params)
+    params = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True)  # none finishes in the timed steps
+    ids = [llm.add_request(rng.integers(3, VOCAB, prompt_len).tolist(), params) for _ in range(batch)]
     while llm.scheduler.waiting or any(r.num_output_tokens == 0 for r in llm.scheduler.running):
         llm.step()
     for _ in range(skip):
@@ -177,8 +177,9 @@ def steady_decode(llm: LLMEngine, batch: int, pipelined: bool, prompt_len: int =
         llm.step()
     step_ms = (time.perf_counter() - t0) * 1e3 / steps
     stats = {k: v - stats[k] for k, v in llm.pipeline_stats.items()}
-    while llm.has_unfinished():
-        llm.step()
+    for request_id in ids:
+        llm.abort(request_id)
+    llm.step()  # discards a pass enqueued ahead
     llm.pipeline_decodes = True
     return {"step_ms": step_ms, "steps": steps, "mean_context": float(np.mean(contexts)) + (steps - 1) / 2,
             "passes_enqueued_ahead": stats}
