@@ -111,6 +111,9 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="instead of the timelines, recapture the graphs with and "
                     "without programmatic dependent launch (and the fused rotary + KV write) and time decode and "
                     "SplitFuse passes")
+    ap.add_argument("--fused", action="store_true", help="instead of the timelines, recapture the graphs with and "
+                    "without the gate/up projection fused with its activation (kernels.FUSED_MLP) and time decode and "
+                    "SplitFuse passes")
     ap.add_argument("--mixed-decode", default="", help="comma-separated BLOCK_N/warps/stages of the decode launch of "
                     "mixed batches: instead of the timelines, recapture the 768-token pass graphs with each and time "
                     "the SplitFuse passes")
@@ -127,7 +130,7 @@ def main() -> None:
     res = {"card": card, "torch": torch.__version__, "graph_tokens": args.graph_tokens,
            "mixed_buckets": graphs.mixed_buckets,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "plans": {}}
-    timelines = {} if args.graph_programs or args.pdl or args.mixed_decode else {**PLANS, **DECODES}
+    timelines = {} if args.graph_programs or args.pdl or args.mixed_decode or args.fused else {**PLANS, **DECODES}
     for name, kw in ((n, kw) for n, kw in timelines.items() if args.only in n):
         plan = passes.plan(**kw)
         row = {"graph": graphs.key(plan)}
@@ -156,6 +159,10 @@ def main() -> None:
                     "PDL on, unfused": [(kernels, "PDL", True), (kernels, "FUSED", False)],
                     "PDL on": [(kernels, "PDL", True), (kernels, "FUSED", True)]}
         res["pdl"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
+    if args.fused:
+        graphs = None
+        settings = {"MLP unfused": [(kernels, "FUSED_MLP", False)], "MLP fused": [(kernels, "FUSED_MLP", True)]}
+        res["fused"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
     if args.mixed_decode:
         from kernels import triton_attention as ta
         graphs = None

@@ -100,8 +100,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 _GRAPH_KERNELS = False
 # SPLITFUSE_PDL=0 turns programmatic dependent launch off (to measure what it buys).
 PDL = os.environ.get("SPLITFUSE_PDL", "1") != "0"
-# False: ``rotary_embedding_and_write_kv`` runs as its two kernels (to measure what fusing buys).
+# False: ``rotary_embedding_and_write_kv`` (FUSED) and ``linear_silu_and_mul`` (FUSED_MLP) run as their two kernels
+# (to measure what fusing buys).
 FUSED = True
+FUSED_MLP = True
 
 
 @functools.cache
@@ -138,3 +140,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """See ``reference.linear``; see ``graph_kernels`` for when it runs Triton."""
     impl = _impl("triton_linear", x) if _GRAPH_KERNELS else reference
     return impl.linear(x, weight, bias, **_launch(impl, x))
+
+
+def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """See ``reference.linear_silu_and_mul``: within ``graph_kernels`` one Triton kernel for few rows; else the
+    product, then ``silu_and_mul``."""
+    impl = _impl("triton_linear", x) if _GRAPH_KERNELS and FUSED_MLP else None
+    if impl is None or impl is reference:
+        return silu_and_mul(linear(x, weight, bias))
+    return impl.linear_silu_and_mul(x, weight, bias, **_launch(impl, x))

@@ -95,6 +95,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu_and_mul(linear(x, weight, bias)): a merged gate/up projection [2I, K] and its activation -> [..., I]."""
+    return silu_and_mul(linear(x, weight, bias))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias) -> [..., N], as ``nn.Linear``."""
     return F.linear(x, weight, bias)

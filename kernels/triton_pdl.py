@@ -21,3 +21,18 @@ def wait_for_previous(USE_PDL: tl.constexpr):
 def launch_kwargs(pdl: bool) -> dict:
     """Launch options of a kernel launched with (or without) PDL."""
     return {"USE_PDL": pdl, "launch_pdl": True} if pdl else {"USE_PDL": False}
+
+
+@triton.jit
+def wait_only(USE_PDL: tl.constexpr):
+    """``wait_for_previous`` without letting the next kernel launch: for a kernel with many programs whose next one
+    is large too, whose programs would otherwise take SM slots (and load their first tiles) while this one streams.
+    Such a kernel calls ``launch_next`` once its main loop is done."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def launch_next(USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()

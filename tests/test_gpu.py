@@ -69,6 +69,15 @@ def test_linear_full_size(rows, n, k):
     assert rel_err(lin.linear_with(x, w, None, lin.default_config(rows, n, k)), ref.linear(x.float(), w.float())) < TOL
 
 
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_linear_silu_and_mul_full_size(rows):
+    ref, lin = kernels_pair("triton_linear")
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=DT)
+    w = (torch.randn(2 * INTER, HIDDEN, device="cuda") / HIDDEN ** 0.5).to(DT)
+    out = lin.linear_silu_and_mul(x, w)
+    assert out.shape == (rows, INTER) and rel_err(out, ref.linear_silu_and_mul(x.float(), w.float())) < TOL
+
+
 def test_write_kv_full_size():
     ref, tri = kernels_pair("triton_attention")
     tokens = 4096

@@ -313,6 +313,24 @@ def test_linear(tk, poison, rows, dtype, block_m, n, k, bias):
     assert _rel_err(out, ref.linear(x.float(), w.float(), None if b is None else b.float())) < _TOL[dtype]
 
 
+@pytest.mark.parametrize("rows,dtype,block_m,block_n", [(1, torch.bfloat16, 1, 8), (1, torch.float32, 1, 16),
+                                                        (3, torch.float16, 1, 8), (5, torch.float32, 16, 32)])
+@pytest.mark.parametrize("inter,k,bias", [(64, 256, False), (36, 200, True)])
+def test_linear_silu_and_mul(tk, poison, rows, dtype, block_m, block_n, inter, k, bias):
+    """A merged gate/up projection with the activation in the kernel's epilogue, against the product then
+    ``silu_and_mul``; a width (36) that leaves a program's tile part empty."""
+    x = torch.randn(rows, k).to(dtype)
+    w = (torch.randn(2 * inter, k) / k ** 0.5).to(dtype)
+    b = torch.randn(2 * inter).to(dtype) if bias else None
+    cfg = tk["triton_linear"].LinearConfig(block_m, block_n, 64, 4, 2)
+    out = tk["triton_linear"].linear_with(x, w, b, cfg, gated=True)
+    assert out.shape == (rows, inter) and out.dtype == dtype
+    expect = ref.linear_silu_and_mul(x.float(), w.float(), None if b is None else b.float())
+    assert _rel_err(out, expect) < _TOL[dtype]
+    with pytest.raises(ValueError, match="even number"):
+        tk["triton_linear"].linear_with(x, w[1:], None, cfg, gated=True)
+
+
 def test_linear_dispatch_and_errors(tk, monkeypatch):
     lin = tk["triton_linear"]
     x = torch.randn(2, 3, 32)
@@ -346,6 +364,17 @@ def test_linear_dispatch_only_within_graph_kernels(tk, monkeypatch):
         kernels.linear(x, w)  # still inside after a nested block ends
     kernels.linear(x, w)
     assert seen == ["triton_linear", "triton_linear"]
+
+    # the gate/up projection with its activation: the fused kernel only inside
+    from types import SimpleNamespace
+    fused = SimpleNamespace(linear_silu_and_mul=lambda *a, **kw: seen.append("fused") or ref.linear_silu_and_mul(*a))
+    monkeypatch.setattr(kernels, "_impl", lambda module, x: fused if module == "triton_linear" else ref)
+    seen.clear()
+    w2 = torch.randn(10, 8)
+    out = kernels.linear_silu_and_mul(x, w2)
+    with kernels.graph_kernels():
+        inside = kernels.linear_silu_and_mul(x, w2)
+    assert seen == ["fused"] and torch.allclose(out, ref.linear_silu_and_mul(x, w2)) and torch.allclose(inside, out)
 
 
 def test_attention_dispatch_strides_within_graph_kernels(monkeypatch):

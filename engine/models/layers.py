@@ -37,11 +37,12 @@ def activation(name: str):
     return ACTIVATIONS[name]
 
 
-def act_and_mul(x: torch.Tensor, name: str) -> torch.Tensor:
-    """act(x[:, :I]) * x[:, I:] for a merged gate/up projection [T, 2I]; one fused kernel for silu."""
+def gate_up_and_act(x: torch.Tensor, gate_up: nn.Linear, name: str) -> torch.Tensor:
+    """act(x W_gate^T) * (x W_up^T) through a merged gate/up projection [2I, K]; for silu, the fused kernels
+    (``kernels.linear_silu_and_mul``)."""
     if name == "silu":
-        return ops.silu_and_mul(x)
-    gate, up = x.chunk(2, dim=-1)
+        return ops.linear_silu_and_mul(x, gate_up.weight, gate_up.bias)
+    gate, up = gate_up(x).chunk(2, dim=-1)
     return activation(name)(gate) * up
 
 

@@ -19,8 +19,8 @@ from engine.models.layers import (
     PagedAttention,
     RMSNorm,
     RotaryEmbedding,
-    act_and_mul,
     activation,
+    gate_up_and_act,
     merge_linears,
 )
 
@@ -76,7 +76,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            return self.down_proj(act_and_mul(self.gate_up_proj(x), self.act_name))
+            return self.down_proj(gate_up_and_act(x, self.gate_up_proj, self.act_name))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
