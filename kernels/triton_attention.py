@@ -341,6 +341,7 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
         chunk = CHUNK_CONFIG if group <= CHUNK_CONFIG.block_m else AttentionConfig(
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
         block_n, warps, stages = MIXED_DECODE
+        block_n = min(block_n, 16384 // triton.next_power_of_2(q.shape[2]))  # K and V tiles fit shared memory
         launches = [AttentionConfig(decode_m, block_n, warps, stages, qlen_filter=1), chunk]
         if strided:
             return [dataclasses.replace(c, strided_per_sm=GRAPH_PROGRAMS_PER_SM) for c in launches]
@@ -357,8 +358,11 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     return [AttentionConfig(decode_m, block_n, 4, 1 if splits > 1 else 2, num_splits=splits)]
 
 
-# The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages.
-MIXED_DECODE = (64, 4, 2)
+# The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages. H200, Llama-2-7B pass
+# graphs of 768 tokens recaptured per setting (pass_timeline_gpu.py --mixed-decode, two runs): 128 / 4 / 2 against
+# 64 / 4 / 2: 64 decodes at 1k + 704 prompt tokens 25.4-25.6 vs 26.1-26.5 ms, 64 at 256 19.8-20.0 vs 20.1-20.2,
+# 16 at 1k 19.5-19.6 vs 19.8; 32 was slower, 8 warps slower, 3 stages no better.
+MIXED_DECODE = (128, 4, 2)
 
 # Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
 # and 2-3 stages found all of them 5-35% slower than 64 x 64 with 4 warps and 3 stages.
