@@ -107,8 +107,9 @@ class LLMEngine:
     it if nothing changes (every request one token further, input ids taken on the device from this pass's
     argmax) before it waits for this one, so the GPU does not idle while the host updates, schedules and packs.
     The next ``step`` schedules as always and uses that pass only if its plan is the same or a subset (requests
-    that finished or were aborted drop out; their rows are ignored); otherwise the pass is discarded. Plans and
-    tokens are exactly those of the engine without it.
+    that finished or were aborted drop out; their rows are ignored); otherwise the pass is discarded. Plans are
+    those of the engine without it. Physical KV blocks can differ: a request that starts a new block with its next
+    token gets it one step early, and if it then stops on a token, the block returns to the free list's tail.
     """
 
     def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
@@ -231,18 +232,26 @@ class LLMEngine:
 
     def _enqueue_ahead(self, plan: BatchPlan, launched: LaunchedPass) -> None:
         """Enqueue the decode pass that follows ``plan`` if nothing changes (see the class docstring). Not when
-        requests wait (the next plan would admit them), when one finishes by length in this pass, or when one
-        needs a new KV block for its next token: the ids it would write are then this pass's to own."""
+        requests wait (the next plan would admit them) or one finishes by length in this pass. A request whose next
+        token starts a KV block gets that block now, as the next ``schedule`` would (same order, from the head of
+        the free list), if the free blocks suffice for all of them; else nothing is enqueued."""
         if (launched.greedy is None or self.scheduler.waiting or plan.preempted
                 or plan.num_tokens != plan.num_seqs or not all(plan.samples)):
             return
-        bs = self.block_manager.block_size
-        blocks, positions = [], []
+        bm = self.block_manager
+        bs = bm.block_size
+        crossing = 0
         for r, p in zip(plan.requests, plan.start_positions):
             out = r.num_output_tokens + 1  # after this pass
-            if (out >= r.max_tokens or (r.max_model_len is not None and r.num_prompt_tokens + out >= r.max_model_len)
-                    or (p + 1) // bs >= len(r.block_table)):
+            if out >= r.max_tokens or (r.max_model_len is not None and r.num_prompt_tokens + out >= r.max_model_len):
                 return
+            crossing += (p + 1) // bs >= len(r.block_table)
+        if crossing and (crossing > bm.num_free_blocks or not self.scheduler.decodes_first):
+            return
+        blocks, positions = [], []
+        for r, p in zip(plan.requests, plan.start_positions):
+            if (p + 1) // bs >= len(r.block_table):
+                bm.allocate(r, 2)  # this pass's token and the next one
             blocks.append(r.block_table[(p + 1) // bs])
             positions.append(p + 1)
         n = plan.num_seqs

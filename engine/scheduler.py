@@ -72,6 +72,9 @@ class Scheduler:
     """Shared machinery; subclasses implement ``schedule``."""
 
     name = "base"
+    # Whether a plan's running decodes take their KV blocks before anything else does (the engine then may give a
+    # decode its next block a step early: ``LLMEngine(pipeline_decodes=True)``).
+    decodes_first = False
 
     def __init__(self, block_manager: BlockManager, token_budget: int = 768, max_num_seqs: int = 256,
                  max_model_len: int | None = None) -> None:
@@ -284,6 +287,7 @@ class SplitFuseScheduler(Scheduler):
     """Dynamic SplitFuse: decodes first, then prompt chunks filling the pass to exactly the token budget."""
 
     name = "splitfuse"
+    decodes_first = True
 
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         plan = BatchPlan()
@@ -339,6 +343,7 @@ class DecodeFirstScheduler(PrefillFirstScheduler):
     """Orca-style: every running decode, then whole prompts that fit the rest of the budget."""
 
     name = "decode-first"
+    decodes_first = True
 
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         plan = BatchPlan()
