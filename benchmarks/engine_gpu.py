@@ -3,8 +3,10 @@
 Run from the repository root on a CUDA machine: ``python benchmarks/engine_gpu.py [--out DIR]``. On a random-
 weight Llama-2-7B-shaped model in bf16 it measures, in this order and in this one process: the card's ceilings
 (device-to-device copy counting bytes read + written; an 8192^3 bf16 matmul on random data); decode steps
-(batch 1 and 64 at 1k context) against (weight + KV bytes) / copy bandwidth; a 2,048-token prefill against the
-matmul rate; SplitFuse passes at budget 768 against a pure prefill of the same token count; host time per pass;
+(batch 1 and 64 at ~1k context, as ``LLMEngine.step`` runs them with and without passes enqueued ahead, one pass
+through ``runner.run``, and the step's graph alone) against (weight + KV bytes) / copy bandwidth; a 2,048-token
+prefill against the matmul rate; SplitFuse passes at budget 768 against a pure prefill of the same token count,
+timed in interleaved rounds; host time per pass;
 an offline run of 1,000 seeded requests (with KV-slot occupancy at peak); then, after freeing the engine,
 transformers ``generate`` on a seeded subset of whole padded batches of 64. It prints a table last and writes
 ``engine_gpu_<card>.json`` under --out. Imports torch, numpy, transformers and this repository (no simpy).

@@ -6,8 +6,9 @@
 - ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k, alone or
   with the KV-cache write of the rotated keys and the values.
 - ``triton_activation.py``: fused SiLU-and-multiply of a merged gate/up projection.
-- ``triton_linear.py``: linear layers of few rows (decode batches) as one weight stream, no split-K; used inside
-  ``graph_kernels()``, which the engine's CUDA-graph capture enters.
+- ``triton_linear.py``: linear layers of few rows (decode batches) as one weight stream, no split-K, also a merged
+  gate/up projection with its SiLU in the epilogue; used inside ``graph_kernels()``, which the engine's CUDA-graph
+  capture enters.
 - ``triton_pdl.py``: programmatic dependent launch, with which the Triton kernels launch inside ``graph_kernels()``
   on Hopper and later.
 
@@ -121,7 +122,8 @@ def _pdl(x: torch.Tensor) -> bool:
 def graph_kernels():
     """Within: the kernel choices for CUDA-graph capture. The engine captures its graphs and runs their warm-up
     within, so every variant compiles at start-up.
-    - ``linear`` of few rows on CUDA runs ``triton_linear``'s kernel (outside: cuBLAS). Eager passes stay on cuBLAS:
+    - ``linear`` of few rows on CUDA runs ``triton_linear``'s kernel (outside: cuBLAS), and ``linear_silu_and_mul``
+      its gated form (outside: cuBLAS, then ``silu_and_mul``). Eager passes stay on cuBLAS:
       their LM head over a few sampled rows met new specializations mid-run (seven ~2 s JIT stalls in the offline
       benchmark's timed run) for a ~3% gain on a 70 us product.
     - ``paged_attention`` of a mixed batch strides over a work list with a bounded grid (outside: one program per
