@@ -361,7 +361,8 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 # The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages. H200, Llama-2-7B pass
 # graphs of 768 tokens recaptured per setting (pass_timeline_gpu.py --mixed-decode, two runs): 128 / 4 / 2 against
 # 64 / 4 / 2: 64 decodes at 1k + 704 prompt tokens 25.4-25.6 vs 26.1-26.5 ms, 64 at 256 19.8-20.0 vs 20.1-20.2,
-# 16 at 1k 19.5-19.6 vs 19.8; 32 was slower, 8 warps slower, 3 stages no better.
+# 16 at 1k 19.5-19.6 vs 19.8; 32 was slower, 8 warps slower, 3 stages no better, 1 stage (more programs per SM)
+# slower at 64 x 1k by 1.7-2.2 ms.
 MIXED_DECODE = (128, 4, 2)
 
 # Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
