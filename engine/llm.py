@@ -282,7 +282,12 @@ class LLMEngine:
         self.pipeline_stats["used"] += 1
         if len(rows) == ahead.num_seqs:
             return launched
-        return LaunchedPass(lambda: (lambda ids: [ids[i] for i in rows])(launched.result()))
+
+        def subset() -> list[int]:
+            ids = launched.result()
+            return [ids[i] for i in rows]
+
+        return LaunchedPass(subset)
 
     def _output(self, request: Request, prompt: Prompt) -> RequestOutput:
         """The request after a pass in which it sampled exactly one new token."""
