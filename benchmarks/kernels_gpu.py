@@ -5,7 +5,9 @@ It measures its own ceilings in the same run (device-to-device copy bandwidth co
 written; a large bf16 matmul), checks every kernel on fresh random bf16 data (Llama-2-7B: 32 heads of 128;
 Llama-3-8B: 32 query / 8 KV heads), times each with ``triton.testing.do_bench`` (median) over a CUDA graph
 that holds several input sets (so host overhead and L2 hits stay out), prints a table and writes
-``kernels_gpu_<card>.json``. ``--sweep`` also times alternative launch configs of the attention kernel.
+``kernels_gpu_<card>.json``. ``--sweep`` also times alternative launch configs of the attention kernel;
+``--sweep-long`` instead times only decode batches of 1-4 programs per SM at long contexts, unsplit and split with a
+least tiles per split (``kernels_gpu_long_<card>.json``).
 Imports only torch, triton and this repository's ``kernels`` (no simpy/plotly on the GPU machine).
 """
 
@@ -127,9 +129,36 @@ def check_attention(rows, b: Batch, name, cfgs=None):
                      "max_abs_err": (out.float() - expect.float()).abs().max().item()})
 
 
+def sweep_long_decodes(copy_bw: float) -> list[dict]:
+    """Decode batches whose B x Hkv programs give the SMs 1-4 programs each, at 1k-8k contexts (and one batch
+    of mixed contexts): the default launch, the unsplit one, and KV splits of at least ``min_split_tiles`` tiles."""
+    rows = []
+    cases = [("llama3-8b", b, [c] * b) for b in (17, 32, 64) for c in (1024, 4096, 8192)]
+    cases += [("llama2-7b", b, [c] * b) for b in (6, 12) for c in (1024, 4096, 8192)]
+    cases += [("llama3-8b", 32, [8192] * 8 + [1024] * 24)]
+    cfgs = {"unsplit": ta.AttentionConfig(16, 64, 4, 2)}
+    cfgs.update({f"split {s} min {m} st {st}": ta.AttentionConfig(16, 64, 4, st, num_splits=s, min_split_tiles=m)
+                 for s in (2, 4) for m in (16, 32) for st in (1, 2)})
+    for model, batch, ctxs in cases:
+        b = make([1] * batch, ctxs, model)
+        expect = b.reference()
+        (default,) = ta.default_config(*b.sets[0][:2], b.sets[0][3], b.sets[0][4])
+        for label, cfg in {"default": default, **cfgs}.items():
+            err = rel_err(b.run(cfg), expect)
+            us = b.time(cfg)
+            rows.append({"model": model, "batch": batch, "ctx": f"{ctxs[0]}" if len(set(ctxs)) == 1 else "mixed",
+                         "cfg": label, "launch": vars(cfg), "us": us, "rel_err": err,
+                         "frac_copy_bw": b.kv_bytes / (us * 1e-6) / copy_bw})
+            print(f"long {model} b{batch} ctx {rows[-1]['ctx']:>5} {label:<22} {us:8.1f} us "
+                  f"{rows[-1]['frac_copy_bw']:6.1%} err {err:.1e}", flush=True)
+        del b
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true", help="also time alternative attention launch configs")
+    ap.add_argument("--sweep-long", action="store_true", help="only time long-context decode launch configs")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON and log")
     args = ap.parse_args()
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -141,6 +170,14 @@ def main() -> None:
     print(f"{card}: copy {copy_bw / 1e12:.2f} TB/s (read+write), bf16 matmul {mm_flops / 1e12:.0f} TFLOP/s",
           flush=True)
     checks, timings, sweep = [], [], []
+    if args.sweep_long:
+        path = Path(args.out) / f"kernels_gpu_long_{tag}.json"
+        rows = sweep_long_decodes(copy_bw)
+        path.write_text(json.dumps({"card": card, "torch": torch.__version__, "triton": triton.__version__,
+                                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                                    "copy_bw_Bps": copy_bw, "rows": rows}, indent=1))
+        print(f"wrote {path}")
+        return
     path = Path(args.out) / f"kernels_gpu_{tag}.json"
 
     def dump() -> Path:

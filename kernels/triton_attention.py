@@ -121,11 +121,13 @@ def _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_hi, kv_end, bt_row, kc_ptr, v
 
 @triton.jit
 def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                 seq, qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh, stride_ot, stride_oh,
+                 seq, qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
+                 stride_ot, stride_oh,
                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                 PRECISION: tl.constexpr, EARLY: tl.constexpr, USE_PDL: tl.constexpr):
+                 MIN_SPLIT_TILES: tl.constexpr, PRECISION: tl.constexpr, EARLY: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     # Query tile qb of sequence seq (BLOCK_Q tokens x the GROUP heads of KV head kvh) over its causal KV range.
     # EARLY: the kernel has not waited for the previous one yet (PDL); this waits once the first KV tile is loaded,
     # if that tile holds only keys cached by earlier passes (no kernel of this pass writes them). Only a split
@@ -150,7 +152,9 @@ def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_
         t_lo = 0
         t_hi = n_tiles
     else:
-        per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+        # A split of fewer than MIN_SPLIT_TILES tiles is not worth its partials: a short context leaves the later
+        # splits empty (with MIN_SPLIT_TILES > 1 they store nothing and the merge skips them; see _merge_splits_kernel).
+        per_split = tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), MIN_SPLIT_TILES)
         t_lo = split * per_split
         t_hi = tl.minimum(t_lo + per_split, n_tiles)
     t_full = tl.minimum(tl.maximum((ctx - q_len + qb * BLOCK_Q + 1) // BLOCK_N, t_lo), t_hi)
@@ -187,6 +191,9 @@ def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_
         tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
+        if MIN_SPLIT_TILES > 1:  # an empty split stores nothing
+            row_ok = row_ok & (offs_m * 0 + t_lo < n_tiles)
+            mask = row_ok[:, None] & d_ok[None, :]
         row = (split * num_tokens + q_start + tok).to(tl.int64) * num_heads + head
         tl.store(pacc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=mask)
         tl.store(pm_ptr + row, m_i, mask=row_ok)
@@ -218,7 +225,8 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, QLEN_FILTER: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
+                      QLEN_FILTER: tl.constexpr,
                       STRIDED: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr,
                       EARLY: tl.constexpr, USE_PDL: tl.constexpr):
     if not EARLY:  # else each program waits once it has loaded its first KV tile (``_attend_item``)
@@ -238,10 +246,10 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
             qb = w - tl.max(tl.where(before, ends, 0), 0)
             n_qb = tl.sum(tl.where(s == seq, tiles, 0), 0)
             _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr, seq,
-                         n_qb - 1 - qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
-                         stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                         stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE, NUM_SPLITS,
-                         PRECISION, False, USE_PDL)
+                         n_qb - 1 - qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt,
+                         stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                         stride_vh, stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE,
+                         NUM_SPLITS, MIN_SPLIT_TILES, PRECISION, False, USE_PDL)
     else:  # one query tile per program
         if QLEN_FILTER == 1:  # one program per sequence: a decode has one query
             seq = pid
@@ -263,20 +271,25 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                          qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
                          stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                          stride_bt, HEAD_DIM, BLOCK_D, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N, BLOCK_SIZE, NUM_SPLITS,
-                         PRECISION, EARLY, USE_PDL)
+                         MIN_SPLIT_TILES, PRECISION, EARLY, USE_PDL)
         elif EARLY:  # a program without work waits too: kernels after this one count on all before it being done
             wait_for_previous(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
-def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, num_tokens, num_heads, stride_ot, stride_oh,
+def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, ctx_ptr, num_tokens, num_heads, stride_ot, stride_oh,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
+                         MIN_SPLIT_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     wait_for_previous(USE_PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    s_ok = s < NUM_SPLITS
+    if MIN_SPLIT_TILES > 1:  # decodes only (token t is sequence t): the splits its context filled
+        n_tiles = tl.cdiv(tl.load(ctx_ptr + t), BLOCK_N)
+        s_ok = s < tl.cdiv(n_tiles, tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), MIN_SPLIT_TILES))
+    else:
+        s_ok = s < NUM_SPLITS
     row = (s * num_tokens + t).to(tl.int64) * num_heads + h
     m = tl.load(pm_ptr + row, mask=s_ok, other=-1.0e30)
     l_s = tl.load(pl_ptr + row, mask=s_ok, other=0.0)
@@ -292,7 +305,8 @@ def _merge_splits_kernel(out_ptr, pacc_ptr, pm_ptr, pl_ptr, num_tokens, num_head
 class AttentionConfig:
     """Launch shape of ``_attention_kernel``; ``qlen_filter`` 0 = all sequences, 1 = decodes, 2 = the rest.
     ``strided_per_sm`` > 0: at most that many programs per SM, striding over a work list of the batch's tiles;
-    0: one program per tile."""
+    0: one program per tile. ``min_split_tiles``: the fewest KV tiles a split takes, so a short context fills fewer
+    than ``num_splits`` (above 1: decode-only batches)."""
 
     block_m: int
     block_n: int
@@ -301,6 +315,7 @@ class AttentionConfig:
     num_splits: int = 1
     qlen_filter: int = 0
     strided_per_sm: int = 0
+    min_split_tiles: int = 1
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -324,9 +339,11 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 
     A decode-only batch (T == B) is one launch with small M tiles and, when B * Hkv programs are fewer than
     the SMs, a KV split toward 4 programs per SM, bounded by the block table's width (on an H200 a split cost
-    20-24% at 2-4 programs per SM, and halved batch-8 decode time at 8 KV heads). Software pipelining: none for
-    a split (1 stage: 11.1 vs 15.1 us at 3 for one Llama-2-7B decode at 1k, 12.5 vs 14.1 for Llama-3-8B at 4k),
-    2 stages otherwise (batch 64 at 1k: 257 vs 285 us; ``kernels_gpu.py --sweep``). A batch with prompt
+    20-24% at 2-4 programs per SM, and halved batch-8 decode time at 8 KV heads). At 1-2 programs per SM, two
+    splits that each take at least ``LONG_SPLIT_MIN_TILES`` tiles: only long contexts split (see there). Software
+    pipelining: none for a split of one or few tiles per program (1 stage: 11.1 vs 15.1 us at 3 for one Llama-2-7B
+    decode at 1k, 12.5 vs 14.1 for Llama-3-8B at 4k), 2 stages otherwise (batch 64 at 1k: 257 vs 285 us;
+    ``kernels_gpu.py --sweep``). A batch with prompt
     chunks is two launches, decodes then the rest: 4-9% faster than one launch with the chunks' larger tiles;
     ``strided`` (for CUDA graphs), each of the two strides over a work list of its tiles with a bounded grid
     (see ``GRAPH_PROGRAMS_PER_SM``; H200, 704-token chunk + 64 decodes at 1k: 25.6 ms a pass against 26.3 in
@@ -349,14 +366,23 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     block_n = 64
     programs = num_seqs * num_kv_heads
     sms = _sm_count(q.device)
-    splits = 1
+    max_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
     if programs < sms:
-        max_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
         want = min(triton.cdiv(4 * sms, programs), max_tiles, 32)
         splits = 1 << (want.bit_length() - 1)  # a power of two: fewer kernel variants to compile
-    # One KV tile or few per program (a split) leaves nothing to pipeline; a whole context needs two stages.
-    return [AttentionConfig(decode_m, block_n, 4, 1 if splits > 1 else 2, num_splits=splits)]
+        # One KV tile or few per program leaves nothing to pipeline.
+        return [AttentionConfig(decode_m, block_n, 4, 1 if splits > 1 else 2, num_splits=splits)]
+    if programs < 2 * sms and max_tiles >= 2 * LONG_SPLIT_MIN_TILES:
+        return [AttentionConfig(decode_m, block_n, 4, 2, num_splits=2, min_split_tiles=LONG_SPLIT_MIN_TILES)]
+    return [AttentionConfig(decode_m, block_n, 4, 2)]
 
+
+# Decode batches of 1-2 programs per SM split contexts of over this many 64-token tiles in two. H200, decode
+# attention alone (kernels_gpu.py --sweep-long): Llama-3-8B 17 x 8k 261 -> 168 us, 32 x 8k 307 -> 257, 32 x 4k 162 ->
+# 140, 8 of 32 sequences at 8k and the rest at 1k 260 -> 159; Llama-2-7B 6 x 4k 148 -> 111. Short contexts pay the
+# merge kernel: 17 x 1k 38.8 -> 41.8 us. At 3-4 programs per SM (Llama-3-8B 64, Llama-2-7B 12 sequences) a split
+# gained nothing at 4-8k; 4 splits did no better than 2 on uniform contexts.
+LONG_SPLIT_MIN_TILES = 16
 
 # The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages. H200, Llama-2-7B pass
 # graphs of 768 tokens recaptured per setting (pass_timeline_gpu.py --mixed-decode, two runs): 128 / 4 / 2 against
@@ -417,6 +443,8 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if cfg.strided_per_sm and cfg.num_splits > 1:
         raise ValueError("strided_per_sm and num_splits > 1 cannot be combined")
     num_seqs = context_lens.shape[0]
+    if cfg.min_split_tiles > 1 and num_tokens != num_seqs:
+        raise ValueError("min_split_tiles > 1 needs a decode-only batch (one token per sequence)")
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
@@ -440,14 +468,16 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
-        BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits, QLEN_FILTER=cfg.qlen_filter,
-        STRIDED=cfg.strided_per_sm > 0, EARLY=pdl and cfg.num_splits > 1,
+        BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits,
+        MIN_SPLIT_TILES=cfg.min_split_tiles, QLEN_FILTER=cfg.qlen_filter,
+        STRIDED=cfg.strided_per_sm > 0, EARLY=pdl and cfg.num_splits > 1 and cfg.min_split_tiles == 1,
         BLOCK_S=max(MIN_BLOCK_S, triton.next_power_of_2(num_seqs)) if cfg.strided_per_sm else 1,
         PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl))
     if cfg.num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            out, pacc, pm, pl, num_tokens, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=cfg.num_splits,
+            out, pacc, pm, pl, context_lens, num_tokens, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=cfg.num_splits, MIN_SPLIT_TILES=cfg.min_split_tiles,
+            BLOCK_N=cfg.block_n,
             BLOCK_S=triton.next_power_of_2(cfg.num_splits), num_warps=4, **launch_kwargs(pdl))
     return out
 

@@ -162,16 +162,50 @@ def test_paged_attention_padded_like_a_graph(tk, poison, strided, graph):
     assert _rel_err(out[:q.shape[0]], expect) < _TOL[torch.float32]
 
 
-@pytest.mark.parametrize("dtype,head_dim,splits", [(torch.float32, 128, 3), (torch.float16, 64, 4)])
-def test_paged_attention_decode_split(tk, poison, dtype, head_dim, splits):
+@pytest.mark.parametrize("dtype,head_dim,splits,min_tiles", [
+    (torch.float32, 128, 3, 1), (torch.float16, 64, 4, 1), (torch.float32, 64, 4, 2), (torch.float32, 64, 2, 3)])
+def test_paged_attention_decode_split(tk, poison, dtype, head_dim, splits, min_tiles):
+    """A KV split; with ``min_split_tiles`` a short context fills fewer splits (here contexts of 1 to 6 tiles of
+    32, so some leave every split but the first empty, some fill all of them)."""
     ta = tk["triton_attention"]
-    ctxs = [int(c) for c in torch.randint(1, 150, (3,))]
-    args = _batch([1, 1, 1], ctxs, 8, 2, head_dim, 16, dtype)
+    ctxs = [int(c) for c in torch.randint(1, 150, (3,))] + [int(torch.randint(1, 32, ())), 160, 192]
+    args = _batch([1] * len(ctxs), ctxs, 8, 2, head_dim, 16, dtype)
     expect = ref.paged_attention(*args, 0.1)
-    out = ta.paged_attention_with(*args, 0.1, ta.AttentionConfig(16, 32, 4, 1, num_splits=splits))
+    cfg = ta.AttentionConfig(16, 32, 4, 1, num_splits=splits, min_split_tiles=min_tiles)
+    out = ta.paged_attention_with(*args, 0.1, cfg)
     assert _rel_err(out, expect) < _TOL[dtype]
     (cfg,) = ta.default_config(args[0], args[1], args[3], args[4])  # a CPU tensor counts one SM: no split
     assert cfg.num_splits == 1 and cfg.block_m == 16
+
+
+def test_decode_split_rule(tk, monkeypatch):
+    """Fewer (sequence, KV head) programs than SMs: split toward 4 per SM. 1-2 per SM: two splits of at least
+    ``LONG_SPLIT_MIN_TILES`` tiles, when the block table can hold that many. More: no split. Chunks: never."""
+    ta = tk["triton_attention"]
+    monkeypatch.setattr(ta, "_sm_count", lambda device: 8)
+    kc = torch.empty(4, 16, 2, 64)
+
+    def config(seqs, width, tokens=None):
+        q = torch.empty(tokens or seqs, 4, 64)
+        return ta.default_config(q, kc, torch.empty(seqs, width, dtype=torch.int32),
+                                 torch.empty(seqs, dtype=torch.int32))
+
+    (small,) = config(2, 256)  # 4 programs
+    assert small.num_splits == 8 and small.min_split_tiles == 1 and small.num_stages == 1
+    (long,) = config(5, 2 * ta.LONG_SPLIT_MIN_TILES * 4)  # 10 programs; the table holds 2 x min tiles of 64
+    assert (long.num_splits, long.min_split_tiles, long.num_stages) == (2, ta.LONG_SPLIT_MIN_TILES, 2)
+    (short,) = config(5, 2 * ta.LONG_SPLIT_MIN_TILES * 4 - 4)  # one 64-token tile less
+    assert short.num_splits == 1
+    (many,) = config(8, 4096)  # 16 programs
+    assert many.num_splits == 1 and many.num_stages == 2
+    assert all(c.num_splits == 1 for c in config(5, 4096, tokens=20))
+
+
+def test_min_split_tiles_needs_decodes(tk):
+    ta = tk["triton_attention"]
+    args = _batch([3, 1], [40, 70], 4, 2, 64, 16, torch.float32)
+    with pytest.raises(ValueError, match="decode-only"):
+        ta.paged_attention_with(*args, 1.0, ta.AttentionConfig(16, 32, 4, 1, num_splits=2, min_split_tiles=2))
 
 
 @pytest.mark.parametrize("splits", [2, 3])
