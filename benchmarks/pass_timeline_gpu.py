@@ -5,8 +5,8 @@ engine of ``engine_gpu.py`` (random-weight Llama-2-7B, bf16) with pass graphs up
 each plan times the pass with CUDA events (as ``engine_gpu.time_pass``) eagerly and through its graph, and traces
 one pass of each with torch.profiler: kernel time per kind, the span from the first kernel's start to the last
 kernel's end, the idle time inside it and the largest gaps with the kernel before them. Prints a table; writes
-``pass_timeline_<card>.json``. ``--graph-programs`` and ``--pdl`` instead time passes with the graphs recaptured
-under each setting.
+``pass_timeline_<card>.json``. ``--graph-programs``, ``--pdl``, ``--fused``, ``--mixed-decode`` and ``--overlap``
+instead time passes with the graphs recaptured under each setting.
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ def main() -> None:
     ap.add_argument("--mixed-decode", default="", help="comma-separated BLOCK_N/warps/stages of the decode launch of "
                     "mixed batches: instead of the timelines, recapture the 768-token pass graphs with each and time "
                     "the SplitFuse passes")
+    ap.add_argument("--overlap", default="", help="comma-separated BLOCK_N/warps/stages of the decode launch of "
+                    "mixed batches: instead of the timelines, recapture the 768-token pass graphs with each, with the "
+                    "chunks' launch beside the decodes' (triton_attention.OVERLAP_CHUNKS) and after it, and time the "
+                    "SplitFuse passes")
     args = ap.parse_args()
     engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens
     engine.weights.random_init = eg.fast_random_init
@@ -130,7 +134,8 @@ def main() -> None:
     res = {"card": card, "torch": torch.__version__, "graph_tokens": args.graph_tokens,
            "mixed_buckets": graphs.mixed_buckets,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "plans": {}}
-    timelines = {} if args.graph_programs or args.pdl or args.mixed_decode or args.fused else {**PLANS, **DECODES}
+    recapture = args.graph_programs or args.pdl or args.mixed_decode or args.fused or args.overlap
+    timelines = {} if recapture else {**PLANS, **DECODES}
     for name, kw in ((n, kw) for n, kw in timelines.items() if args.only in n):
         plan = passes.plan(**kw)
         row = {"graph": graphs.key(plan)}
@@ -170,6 +175,14 @@ def main() -> None:
         res["mixed_decode"] = sweep_recaptured(
             llm, passes, {v: [(ta, "MIXED_DECODE", tuple(map(int, v.split("/")))), only_768]
                           for v in args.mixed_decode.split(",")}, SPLITFUSE, max_batch=80)
+    if args.overlap:
+        from kernels import triton_attention as ta
+        graphs = None
+        only_768 = (engine.cuda_graphs, "MIXED_BUCKETS", (768,))
+        res["overlap"] = sweep_recaptured(
+            llm, passes, {f"{v}{' overlapped' if o else ''}": [(ta, "MIXED_DECODE", tuple(map(int, v.split("/")))),
+                                                               (ta, "OVERLAP_CHUNKS", o), only_768]
+                          for v in args.overlap.split(",") for o in (False, True)}, SPLITFUSE, max_batch=80)
     tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
     Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{card} | {res['date']}")

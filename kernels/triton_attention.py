@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_pdl import launch_kwargs, wait_for_previous
+from kernels.triton_pdl import launch_kwargs, launch_next, wait_for_previous, wait_only
 
 _LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -228,8 +228,13 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                       BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
                       QLEN_FILTER: tl.constexpr,
                       STRIDED: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr,
-                      EARLY: tl.constexpr, USE_PDL: tl.constexpr):
-    if not EARLY:  # else each program waits once it has loaded its first KV tile (``_attend_item``)
+                      EARLY: tl.constexpr, OVERLAP: tl.constexpr, USE_PDL: tl.constexpr):
+    if OVERLAP:
+        # The previous kernel is this pass's other attention launch: it writes other rows of out, and each of its
+        # programs let this one launch only after waiting for the kernels that wrote q and the cache. So run beside
+        # it, and wait for it only before finishing (kernels after this one read its rows too).
+        launch_next(USE_PDL)
+    elif not EARLY:  # else each program waits once it has loaded its first KV tile (``_attend_item``)
         wait_for_previous(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -274,6 +279,8 @@ def _attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, 
                          MIN_SPLIT_TILES, PRECISION, EARLY, USE_PDL)
         elif EARLY:  # a program without work waits too: kernels after this one count on all before it being done
             wait_for_previous(USE_PDL)
+    if OVERLAP:
+        wait_only(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -306,7 +313,8 @@ class AttentionConfig:
     """Launch shape of ``_attention_kernel``; ``qlen_filter`` 0 = all sequences, 1 = decodes, 2 = the rest.
     ``strided_per_sm`` > 0: at most that many programs per SM, striding over a work list of the batch's tiles;
     0: one program per tile. ``min_split_tiles``: the fewest KV tiles a split takes, so a short context fills fewer
-    than ``num_splits`` (above 1: decode-only batches)."""
+    than ``num_splits`` (above 1: decode-only batches). ``overlap``: with PDL, the launch runs beside the launch
+    before it, which must be this pass's attention over the other rows (see ``OVERLAP_CHUNKS``)."""
 
     block_m: int
     block_n: int
@@ -316,6 +324,7 @@ class AttentionConfig:
     qlen_filter: int = 0
     strided_per_sm: int = 0
     min_split_tiles: int = 1
+    overlap: bool = False
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -359,7 +368,8 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
         block_n, warps, stages = MIXED_DECODE
         block_n = min(block_n, 16384 // triton.next_power_of_2(q.shape[2]))  # K and V tiles fit shared memory
-        launches = [AttentionConfig(decode_m, block_n, warps, stages, qlen_filter=1), chunk]
+        launches = [AttentionConfig(decode_m, block_n, warps, stages, qlen_filter=1),
+                    dataclasses.replace(chunk, overlap=OVERLAP_CHUNKS)]
         if strided:
             return [dataclasses.replace(c, strided_per_sm=GRAPH_PROGRAMS_PER_SM) for c in launches]
         return launches
@@ -390,6 +400,13 @@ LONG_SPLIT_MIN_TILES = 16
 # 16 at 1k 19.5-19.6 vs 19.8; 32 was slower, 8 warps slower, 3 stages no better, 1 stage (more programs per SM)
 # slower at 64 x 1k by 1.7-2.2 ms.
 MIXED_DECODE = (128, 4, 2)
+
+# The chunks' launch of a mixed batch runs beside its decodes' launch (with PDL, in the graphs): compute-bound tiles
+# start as the memory-bound decode tiles drain. H200, Llama-2-7B 768-token pass graphs recaptured each way
+# (pass_timeline_gpu.py --overlap): 704 + 64 decodes at 256 19.54 -> 19.25 ms, at 1k 24.90 -> 24.78, 752 + 16 at
+# 1k 19.32 -> 19.25. With 64-token decode tiles or one stage (less shared memory, so both launches' programs fit
+# on an SM together) the passes were no faster.
+OVERLAP_CHUNKS = True
 
 # Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
 # and 2-3 stages found all of them 5-35% slower than 64 x 64 with 4 warps and 3 stages.
@@ -438,6 +455,8 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     group = num_heads // num_kv_heads
     if cfg.block_m < group:
         raise ValueError(f"block_m {cfg.block_m} smaller than the GQA group {group}")
+    if cfg.overlap and cfg.num_splits > 1:
+        raise ValueError("overlap and num_splits > 1 cannot be combined")
     if cfg.qlen_filter and cfg.num_splits > 1:  # the merge rewrites every row, also those filtered out
         raise ValueError("qlen_filter and num_splits > 1 cannot be combined")
     if cfg.strided_per_sm and cfg.num_splits > 1:
@@ -471,6 +490,7 @@ def paged_attention_with(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits,
         MIN_SPLIT_TILES=cfg.min_split_tiles, QLEN_FILTER=cfg.qlen_filter,
         STRIDED=cfg.strided_per_sm > 0, EARLY=pdl and cfg.num_splits > 1 and cfg.min_split_tiles == 1,
+        OVERLAP=pdl and cfg.overlap,
         BLOCK_S=max(MIN_BLOCK_S, triton.next_power_of_2(num_seqs)) if cfg.strided_per_sm else 1,
         PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl))
     if cfg.num_splits > 1:

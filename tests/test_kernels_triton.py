@@ -225,6 +225,24 @@ def test_paged_attention_first_tile_before_the_wait(tk, poison, monkeypatch, spl
     assert _rel_err(out, expect) < _TOL[torch.float32]
 
 
+def test_chunk_launch_beside_the_decode_launch(tk, poison, monkeypatch):
+    """A mixed batch as in a graph with PDL: the chunks' launch overlaps the decodes' (waits only at its end). Run
+    without the waits (the interpreter runs no PTX): each launch still fills exactly its own rows."""
+    ta = tk["triton_attention"]
+    monkeypatch.setattr(ta, "launch_kwargs", lambda pdl: {"USE_PDL": False})
+    chunk = int(torch.randint(20, 70, ()))
+    q_lens, ctxs = [1, 1, 1, chunk], [int(c) for c in torch.randint(1, 100, (3,))] + [chunk + 30]
+    args = _batch(q_lens, ctxs, 4, 2, 64, 16, torch.float32)
+    expect = ref.paged_attention(*args, 0.125)
+    configs = ta.default_config(args[0], args[1], args[3], args[4], strided=True)
+    assert [c.overlap for c in configs] == [False, ta.OVERLAP_CHUNKS]
+    out = None
+    for cfg in configs:
+        cfg = ta.dataclasses.replace(cfg, block_m=16, block_n=32, strided_per_sm=2, overlap=cfg.qlen_filter == 2)
+        out = ta.paged_attention_with(*args, 0.125, cfg, out=out, pdl=True)
+    assert _rel_err(out, expect) < _TOL[torch.float32]
+
+
 def test_attention_rejects_bad_shapes(tk):
     ta = tk["triton_attention"]
     args = list(_batch([1], [5], 4, 2, 72, 16, torch.float32))
