@@ -2,7 +2,7 @@
 
 - ``reference.py``: the PyTorch versions; the CPU path and the oracle of the tests.
 - ``triton_attention.py``: paged KV-cache write and paged attention of a ragged mixed batch (prompt chunks and
-  decodes, GQA, flash-decoding split for small decode batches).
+  decodes, GQA, flash-decoding split for small decode batches and long contexts).
 - ``triton_norm.py``: fused residual add + RMSNorm.  ``triton_rotary.py``: rotary embedding of q and k, alone or
   with the KV-cache write of the rotated keys and the values.
 - ``triton_activation.py``: fused SiLU-and-multiply of a merged gate/up projection.

@@ -7,8 +7,9 @@ the GROUP query heads that share that KV head, so a decode of a GQA model still 
 a K/V tile read once serves the whole group. KV tiles of BLOCK_N tokens are gathered through the block
 table and folded in with an online softmax (flash attention), accumulating in fp32. When the batch is all
 decodes and too small to fill the GPU, the KV range is split over several programs (flash decoding) and a
-second kernel merges the partial results. Captured in a CUDA graph, each launch of a mixed batch has a bounded
-grid whose programs stride over a work list of its tiles, so the graph's padding sequences cost no programs.
+second kernel merges the partial results; at one to two programs per SM only long contexts split, in two.
+Captured in a CUDA graph, each launch of a mixed batch has a bounded grid whose programs stride over a work list
+of its tiles, so the graph's padding sequences cost no programs, and the chunks' launch runs beside the decodes'.
 """
 
 from __future__ import annotations
@@ -121,8 +122,7 @@ def _attend_tiles(acc, m_i, l_i, q, q_pos, t_lo, t_hi, kv_end, bt_row, kc_ptr, v
 
 @triton.jit
 def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                 seq, qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh,
-                 stride_ot, stride_oh,
+                 seq, qb, kvh, split, qk_scale, num_tokens, num_heads, stride_qt, stride_qh, stride_ot, stride_oh,
                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -388,10 +388,10 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 
 
 # Decode batches of 1-2 programs per SM split contexts of over this many 64-token tiles in two. H200, decode
-# attention alone (kernels_gpu.py --sweep-long): Llama-3-8B 17 x 8k 261 -> 168 us, 32 x 8k 307 -> 257, 32 x 4k 162 ->
-# 140, 8 of 32 sequences at 8k and the rest at 1k 260 -> 159; Llama-2-7B 6 x 4k 148 -> 111. Short contexts pay the
-# merge kernel: 17 x 1k 38.8 -> 41.8 us. At 3-4 programs per SM (Llama-3-8B 64, Llama-2-7B 12 sequences) a split
-# gained nothing at 4-8k; 4 splits did no better than 2 on uniform contexts.
+# attention alone (kernels_gpu.py --sweep-long): Llama-3-8B 17 x 8k 260 -> 169 us, 32 x 8k 309 -> 263, 32 x 4k 163 ->
+# 142, 8 of 32 sequences at 8k and the rest at 1k 262 -> 159; Llama-2-7B 6 x 4k 147 -> 112. Short contexts pay the
+# merge kernel: 17 x 1k 38.7 -> 41.3 us, 32 x 1k 48.9 -> 54.7. At 3-4 programs per SM (Llama-3-8B 64, Llama-2-7B 12
+# sequences) a split gained nothing at 4-8k; 4 splits did no better than 2 on uniform contexts.
 LONG_SPLIT_MIN_TILES = 16
 
 # The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages. H200, Llama-2-7B pass
