@@ -60,6 +60,18 @@ def test_paged_attention_full_size(q_lens, ctxs):
     assert rel_err(tri.paged_attention(*args, HEAD_DIM ** -0.5), ref.paged_attention(*args, HEAD_DIM ** -0.5)) < TOL
 
 
+def test_long_context_split_full_size():
+    """Decodes at 1.5 programs per SM: the launch splits long contexts in two and leaves short ones whole."""
+    ref, tri = kernels_pair("triton_attention")
+    seqs = -(-3 * torch.cuda.get_device_properties(0).multi_processor_count // (2 * KV_HEADS))
+    ctxs = [int(c) for c in torch.randint(1, 6000, (seqs,))]
+    ctxs[:3] = [5000, 900, 2048]  # two splits, one short split, exactly two minimal splits
+    args = paged_batch([1] * seqs, ctxs)
+    (cfg,) = tri.default_config(args[0], args[1], args[3], args[4])
+    assert cfg.num_splits == 2 and cfg.min_split_tiles == tri.LONG_SPLIT_MIN_TILES
+    assert rel_err(tri.paged_attention(*args, HEAD_DIM ** -0.5), ref.paged_attention(*args, HEAD_DIM ** -0.5)) < TOL
+
+
 @pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("n,k", [(12288, HIDDEN), (HIDDEN, INTER), (32000, HIDDEN)])
 def test_linear_full_size(rows, n, k):
