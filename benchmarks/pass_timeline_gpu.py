@@ -168,21 +168,16 @@ def main() -> None:
         graphs = None
         settings = {"MLP unfused": [(kernels, "FUSED_MLP", False)], "MLP fused": [(kernels, "FUSED_MLP", True)]}
         res["fused"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
-    if args.mixed_decode:
+    if args.mixed_decode or args.overlap:
         from kernels import triton_attention as ta
         graphs = None
         only_768 = (engine.cuda_graphs, "MIXED_BUCKETS", (768,))
-        res["mixed_decode"] = sweep_recaptured(
-            llm, passes, {v: [(ta, "MIXED_DECODE", tuple(map(int, v.split("/")))), only_768]
-                          for v in args.mixed_decode.split(",")}, SPLITFUSE, max_batch=80)
-    if args.overlap:
-        from kernels import triton_attention as ta
-        graphs = None
-        only_768 = (engine.cuda_graphs, "MIXED_BUCKETS", (768,))
-        res["overlap"] = sweep_recaptured(
-            llm, passes, {f"{v}{' overlapped' if o else ''}": [(ta, "MIXED_DECODE", tuple(map(int, v.split("/")))),
-                                                               (ta, "OVERLAP_CHUNKS", o), only_768]
-                          for v in args.overlap.split(",") for o in (False, True)}, SPLITFUSE, max_batch=80)
+        overlaps = (False, True) if args.overlap else (ta.OVERLAP_CHUNKS,)
+        settings = {f"{v}{' overlapped' if o and args.overlap else ''}": [
+            (ta, "MIXED_DECODE", tuple(map(int, v.split("/")))), (ta, "OVERLAP_CHUNKS", o), only_768]
+            for v in (args.overlap or args.mixed_decode).split(",") for o in overlaps}
+        res["overlap" if args.overlap else "mixed_decode"] = sweep_recaptured(llm, passes, settings, SPLITFUSE,
+                                                                              max_batch=80)
     tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
     Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{card} | {res['date']}")
