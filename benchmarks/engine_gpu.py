@@ -57,13 +57,70 @@ def fast_random_init(model, seed: int, std: float = 0.02) -> None:
                 param.normal_(0.0, std, generator=generator)
 
 
+def energy_meter():
+    """An ``power.EnergyMeter`` of this card, or None where NVML (nvidia-ml-py) is missing: no energy figures."""
+    try:
+        from power import EnergyMeter, device_handle, power_limit_w
+
+        handle = device_handle(torch.cuda.current_device())
+        meter = EnergyMeter(handle)
+        meter.limit_w = power_limit_w(handle)
+        return meter
+    except Exception as e:  # ImportError, or NVMLError where the driver library is missing
+        print(f"no energy figures: {e!r}", flush=True)
+        return None
+
+
+def energy_summary(meter, seconds: float) -> dict:
+    """Joules and mean power of a timed span, and the least time that energy takes at the card's power limit."""
+    return {**meter.summary(seconds), "power_limit_w": meter.limit_w,
+            "seconds_at_power_limit": meter.joules / meter.limit_w}
+
+
 def ceilings() -> dict:
     """The copy-bandwidth and bf16-matmul ceilings, measured as the calibration sweep measures them."""
     from calibration.sweep import device_ceilings
 
     c = device_ceilings(torch.device(DEV))
-    return {"copy_Bps": c["copy_bandwidth_Bps"], "matmul_flops": c["matmul_flops"],
-            "matmul_flops_sustained": sustained_matmul_flops()}
+    out = {"copy_Bps": c["copy_bandwidth_Bps"], "matmul_flops": c["matmul_flops"],
+           "matmul_flops_sustained": sustained_matmul_flops()}
+    meter = energy_meter()
+    if meter:
+        out["energy"] = energy_costs(meter)
+    return out
+
+
+def energy_costs(meter, seconds: float = 1.5, m: int = 8192, gib: float = 4.0) -> dict:
+    """What work costs in energy on this card, above its idle power: joules per GB of a read-only stream (a
+    reduction over ``gib``) and per TFLOP of back-to-back bf16 ``m``^3 products, each run for ``seconds``.
+    At the power limit a run can take no less than its work's energy at these costs / (limit - idle)."""
+    torch.cuda.synchronize()
+    with meter:
+        time.sleep(1.0)
+    idle_w = meter.joules
+    x = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=DEV).normal_()
+    a = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
+
+    def per_unit(fn, units: float) -> tuple[float, float]:
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        n = max(10, int(seconds / (time.perf_counter() - t0)))
+        with meter:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            span = time.perf_counter() - t0
+        return (meter.joules - idle_w * span) / (n * units), meter.joules / span
+
+    read_j, read_w = per_unit(lambda: x.sum(), x.numel() * 2 / 1e9)
+    flop_j, flop_w = per_unit(lambda: torch.matmul(a, b), 2 * m**3 / 1e12)
+    return {"idle_w": idle_w, "power_limit_w": meter.limit_w, "read_j_per_gb": read_j, "read_w": read_w,
+            "matmul_j_per_tflop": flop_j, "matmul_w": flop_w}
 
 
 def sustained_matmul_flops(seconds: float = 3.0, m: int = 8192) -> float:
@@ -278,7 +335,13 @@ def micro(llm: LLMEngine, ceil: dict, rng: np.random.Generator) -> dict:
             t["engine_steps_pipelined" if pipelined else "engine_steps_unpipelined"] = steady
         print(f"decode batch {batch}: {t}", flush=True)
     plan = passes.plan(chunk=2048)
-    t = time_pass(llm, plan, repeats=10)
+    meter = energy_meter()
+    with meter or contextlib.nullcontext():
+        t0 = time.perf_counter()
+        t = time_pass(llm, plan, repeats=10)
+        span = time.perf_counter() - t0
+    if meter:
+        t["energy"] = energy_summary(meter, span)  # the passes timed back to back, with their warm-up
     flops = 2.0 * linear_params * 2048 + 2.0 * lm_head + attn_flops([(2048, 2048)])
     t.update(flops=flops, tflops=flops / t["gpu_ms"] / 1e9)
     t["frac_matmul"] = flops / (t["gpu_ms"] * 1e-3) / ceil["matmul_flops"]
@@ -449,7 +512,7 @@ def fits_seqs(llm: LLMEngine, reqs, cap: int = 256) -> int:
     return int(min(cap, bm.num_blocks * bm.block_size // mean_len))
 
 
-def offline(llm: LLMEngine, reqs) -> dict:
+def offline(llm: LLMEngine, reqs, ceil: dict) -> dict:
     # warm-up: a few short requests, so Triton's per-shape compilations stay out of the timed run
     for i in range(24):
         llm.add_request(reqs[i][0][:100 + 37 * i], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
@@ -457,13 +520,15 @@ def offline(llm: LLMEngine, reqs) -> dict:
         llm.step()
     torch.cuda.synchronize()
     inst = Instrument(llm)
-    t0 = time.perf_counter()
-    for prompt, out in reqs:
-        llm.add_request(prompt, SamplingParams(max_tokens=out, temperature=0, ignore_eos=True))
-    done = 0
-    while llm.has_unfinished():
-        done += sum(o.finished for o in llm.step())
-    wall = time.perf_counter() - t0
+    meter = energy_meter()
+    with meter or contextlib.nullcontext():
+        t0 = time.perf_counter()
+        for prompt, out in reqs:
+            llm.add_request(prompt, SamplingParams(max_tokens=out, temperature=0, ignore_eos=True))
+        done = 0
+        while llm.has_unfinished():
+            done += sum(o.finished for o in llm.step())
+        wall = time.perf_counter() - t0
     inst.restore()
     prompt_tokens = sum(len(p) for p, _ in reqs)
     output_tokens = sum(o for _, o in reqs)
@@ -472,7 +537,26 @@ def offline(llm: LLMEngine, reqs) -> dict:
                total_tok_per_s=(prompt_tokens + output_tokens) / wall, prompt_tokens=prompt_tokens,
                output_tokens=output_tokens, preemptions=llm.scheduler.num_preemptions,
                token_budget=llm.scheduler.token_budget, max_num_seqs=llm.scheduler.max_num_seqs)
+    if meter:
+        res["energy"] = energy_summary(meter, wall)
+        if "energy" in ceil:
+            res["energy"]["floor"] = energy_floor(llm, res["per_pass"], ceil["energy"])
     return res
+
+
+def energy_floor(llm: LLMEngine, per_pass, costs: dict) -> dict:
+    """The least time the offline run's work takes at the power limit, at this card's measured energy costs: every
+    decode reads its context's KV, every pass reads the weights, every token costs its linear layers' FLOPs
+    (attention FLOPs and the chunks' cached-prefix reads left out, so a lower bound)."""
+    cfg = llm.model_config
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    weight_bytes, linear_params = model_bytes_and_flops(llm)
+    passes = np.array(per_pass)
+    joules = {"kv_read": passes[:, 2].sum() * kv_per_token / 1e9 * costs["read_j_per_gb"],
+              "weight_reads": len(passes) * weight_bytes / 1e9 * costs["read_j_per_gb"],
+              "linear_flops": 2 * linear_params * passes[:, 0].sum() / 1e12 * costs["matmul_j_per_tflop"]}
+    joules = {k: float(v) for k, v in joules.items()}
+    return {"joules_above_idle": joules, "seconds": sum(joules.values()) / (costs["power_limit_w"] - costs["idle_w"])}
 
 
 # ---- transformers baseline --------------------------------------------------------------------------------
@@ -493,6 +577,7 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
     rng = np.random.default_rng(seed + 1)
     order = rng.permutation(len(reqs))[:(batches + 1) * batch_size]
     out = {"transformers": transformers.__version__, "batch_size": batch_size, "batches": []}
+    meter = energy_meter()
 
     def generate(batch):
         longest = max(len(p) for p, _ in batch)
@@ -503,13 +588,14 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
             mask[i, longest - len(p):] = 1
         new = max(o for _, o in batch)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
+        with meter or contextlib.nullcontext(), torch.inference_mode():
+            t0 = time.perf_counter()
             out = model.generate(input_ids=ids.to(DEV), attention_mask=mask.to(DEV), max_new_tokens=new,
                                  do_sample=False)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
         assert out.shape[1] == longest + new, "generate stopped early"
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0, longest, new
+        return seconds, longest, new, meter.joules if meter else None
 
     generate([(reqs[0][0][:16], 4), (reqs[1][0][:9], 4)])  # warm-up
     start = time.perf_counter()
@@ -530,6 +616,8 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
                 torch.cuda.empty_cache()
         row.update(seconds=sum(p[0] for p in parts), padded_prompt=max(p[1] for p in parts),
                    generated_per_row=max(p[2] for p in parts), micro_batch=size)
+        if meter:
+            row["joules"] = sum(p[3] for p in parts)
         row["req_per_s"] = row["requests"] / row["seconds"]
         row["output_tok_per_s"] = row["output_tokens"] / row["seconds"]
         print(f"transformers batch {b}: {row}", flush=True)
@@ -544,6 +632,9 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
     out["req_per_s"] = n / secs
     out["output_tok_per_s"] = sum(r["output_tokens"] for r in out["batches"]) / secs
     out["extrapolated_s_for_all"] = len(reqs) / out["req_per_s"]
+    if meter:
+        out["joules_per_request"] = sum(r["joules"] for r in out["batches"]) / n
+        out["watts"] = sum(r["joules"] for r in out["batches"]) / secs
     return out
 
 
@@ -606,7 +697,7 @@ def main() -> None:
     reqs = workload(args.requests)
     llm.scheduler.max_num_seqs = args.max_num_seqs or fits_seqs(llm, reqs)
     try:
-        result["offline"] = offline(llm, reqs)
+        result["offline"] = offline(llm, reqs, ceil)
         print(f"offline: {result['offline']}", flush=True)
     except Exception as e:
         result["offline_error"] = repr(e)
@@ -652,6 +743,10 @@ def print_table(r: dict) -> None:
     if p:
         rows.append(("prefill 2048 tokens", f"{p['gpu_ms']:.1f} ms, {p['tflops']:.0f} TFLOP/s",
                      f"{p['frac_matmul']:.1%}", ">= 75%", p["frac_matmul"] >= 0.75))
+        if "energy" in p:
+            e = p["energy"]
+            rows.append(("  its power, timed back to back", f"{e['watts']:.0f} W, SM {e['sm_mhz_median']:.0f} MHz",
+                         f"{e['watts'] / e['power_limit_w']:.0%}", "of limit", None))
         if "frac_matmul_from_idle" in p:
             rows.append(("  same from idle vs the burst matmul", f"{np.median(p['from_idle_ms']):.1f} ms",
                          f"{p['frac_matmul_from_idle']:.1%}", ">= 75%", p["frac_matmul_from_idle"] >= 0.75))
@@ -672,13 +767,29 @@ def print_table(r: dict) -> None:
                      f"{o['kv_occupancy_at_peak']:.1%}", ">= 95%", o["kv_occupancy_at_peak"] >= 0.95))
     print(f"{'measure':<40} {'measured':<36} {'value':>8} {'target':>11}  met")
     for name, meas, val, target, ok in rows:
-        print(f"{name:<40} {meas:<36} {val:>8} {target:>11}  {'yes' if ok else 'NO'}")
+        print(f"{name:<40} {meas:<36} {val:>8} {target:>11}  {'' if ok is None else 'yes' if ok else 'NO'}")
     if o:
         print(f"offline: {o['wall_s']:.1f} s, {o['output_tok_per_s']:.0f} out tok/s, {o['total_tok_per_s']:.0f} "
               f"tok/s, {o['steps']} steps {o['passes']}, preemptions {o['preemptions']}; host per step "
               f"{o['host_ms_per_step_mean']:.2f} ms (sched {o['schedule_ms_median']:.2f}, pack "
               f"{o['pack_ms_median']:.2f}, update {o['update_ms_median']:.2f}) vs GPU {o['gpu_ms_per_step_median']:.2f}"
               f" ms median; exposed host {o['exposed_host_frac']:.1%} of wall")
+    if o.get("energy"):
+        e = o["energy"]
+        print(f"offline energy: {e['joules'] / 1e3:.1f} kJ ({e['joules'] / o['requests']:.0f} J a request), mean "
+              f"{e['watts']:.0f} W against a {e['power_limit_w']:.0f} W limit: at the limit it takes at least "
+              f"{e['seconds_at_power_limit']:.1f} s; 10x transformers needs "
+              f"{o['requests'] / (10 * h['req_per_s']) if h else float('nan'):.1f} s")
+    if o.get("energy", {}).get("floor"):
+        f = o["energy"]["floor"]
+        print(f"offline energy floor: at least {f['seconds']:.1f} s at the power limit for its work's energy above idle"
+              f" ({', '.join(f'{k} {v / 1e3:.1f} kJ' for k, v in f['joules_above_idle'].items())})")
+    if "energy" in c:
+        e = c["energy"]
+        print(f"energy costs above idle ({e['idle_w']:.0f} W): read {e['read_j_per_gb']:.3f} J/GB (at {e['read_w']:.0f}"
+              f" W), bf16 matmul {e['matmul_j_per_tflop']:.3f} J/TFLOP (at {e['matmul_w']:.0f} W)")
+    if h.get("joules_per_request"):
+        print(f"transformers energy: {h['joules_per_request']:.0f} J a request, mean {h['watts']:.0f} W")
     if h:
         print(f"transformers: {h['req_per_s']:.3f} req/s, {h['output_tok_per_s']:.0f} out tok/s over "
               f"{len(h['batches'])} batches; 1000 requests extrapolated to {h['extrapolated_s_for_all']:.0f} s")

@@ -180,6 +180,8 @@ def main() -> None:
                                                                               max_batch=80)
     tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
     Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
+    if not res["plans"]:
+        return
     print(f"\n{card} | {res['date']}")
     print(f"{'plan':<20} {'mode':<7} {'event ms':>9} {'kernels ms':>11} {'span ms':>8} {'idle ms':>8} {'n':>5}")
     for name, row in res["plans"].items():

@@ -1,0 +1,49 @@
+"""The card's energy and power through NVML (nvidia-ml-py), for benchmarks that ask whether the power cap binds."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pynvml
+
+
+def device_handle(index: int):
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def power_limit_w(handle) -> float:
+    """The enforced power limit: the card lowers its clocks to stay under it."""
+    return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+
+
+class EnergyMeter:
+    """Joules from NVML's energy counter over a ``with`` block, and power (W) and SM clock (MHz) sampled every
+    ``period`` s on a thread meanwhile."""
+
+    def __init__(self, handle, period: float = 0.02):
+        self.handle, self.period = handle, period
+
+    def __enter__(self) -> EnergyMeter:
+        self.power, self.clock, self._stop = [], [], threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.period):
+            self.power.append(pynvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3)
+            self.clock.append(pynvml.nvmlDeviceGetClockInfo(self.handle, pynvml.NVML_CLOCK_SM))
+
+    def __exit__(self, *exc) -> None:
+        self.joules = (pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) - self._mj) / 1e3
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, seconds: float) -> dict:
+        """Joules, mean watts over ``seconds`` (the timed span), and the sampled medians."""
+        return {"joules": self.joules, "watts": self.joules / seconds,
+                "watts_sampled_median": float(np.median(self.power)) if self.power else None,
+                "sm_mhz_median": float(np.median(self.clock)) if self.clock else None}
