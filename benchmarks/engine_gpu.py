@@ -97,10 +97,9 @@ def energy_costs(meter, seconds: float = 1.5, m: int = 8192, gib: float = 4.0) -
     """What work costs in energy on this card, above its idle power: joules per GB of a read-only stream (a
     reduction over ``gib``) and per TFLOP of back-to-back bf16 ``m``^3 products, each run for ``seconds``.
     At the power limit a run can take no less than its work's energy at these costs / (limit - idle)."""
-    torch.cuda.synchronize()
-    with meter:
-        time.sleep(1.0)
-    idle_w = meter.joules
+    from power import idle_watts
+
+    idle_w = idle_watts(meter)
     x = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=DEV).normal_()
     a = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_gpu as eg  # noqa: E402
-from power import EnergyMeter, device_handle, power_limit_w  # noqa: E402
+from power import EnergyMeter, device_handle, idle_watts, power_limit_w  # noqa: E402
 
 import engine.weights  # noqa: E402
 from engine.llm import LLMEngine  # noqa: E402
@@ -77,13 +77,6 @@ def streams(gib: float = 1.0) -> dict:
             f"copy {gib:g} GiB": (lambda: y.copy_(x), x.numel() * 4)}
 
 
-def idle_watts(handle, seconds: float = 1.0) -> float:
-    torch.cuda.synchronize()
-    with EnergyMeter(handle) as meter:
-        time.sleep(seconds)
-    return meter.joules / seconds
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -107,7 +100,7 @@ def main() -> None:
             plans[f"{name}: its decodes alone"], plans[f"{name}: its chunk alone"] = parts(plans[name])
     res = {"card": card, "torch": torch.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "power_limit_w": limit_w, "idle_w": idle_watts(handle)}
+           "power_limit_w": limit_w, "idle_w": idle_watts(EnergyMeter(handle))}
     cases = {name: (lambda plan=plan: llm.runner.launch(plan), None) for name, plan in plans.items()}
     cases.update(memory_streams)
     res["rounds"] = {name: [] for name in cases}

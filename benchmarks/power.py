@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pynvml
+import torch
 
 
 def device_handle(index: int):
@@ -16,6 +18,14 @@ def device_handle(index: int):
 def power_limit_w(handle) -> float:
     """The enforced power limit: the card lowers its clocks to stay under it."""
     return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+
+
+def idle_watts(meter, seconds: float = 1.0) -> float:
+    """The card's power with nothing running, over ``seconds`` of an ``EnergyMeter``."""
+    torch.cuda.synchronize()
+    with meter:
+        time.sleep(seconds)
+    return meter.joules / seconds
 
 
 class EnergyMeter:
