@@ -38,8 +38,10 @@ import engine.weights  # noqa: E402
 import kernels  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 from engine.llm import LLMEngine  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.scheduler import BatchPlan  # noqa: E402
+from engine.policy import (
+    BatchPlan,  # noqa: E402
+    Request,  # noqa: E402
+)
 
 MODEL = "llama-2-7b"
 DEV = torch.device("cuda")

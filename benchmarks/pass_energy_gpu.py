@@ -29,7 +29,7 @@ from power import EnergyMeter, device_handle, idle_watts, power_limit_w  # noqa:
 
 import engine.weights  # noqa: E402
 from engine.llm import LLMEngine  # noqa: E402
-from engine.scheduler import BatchPlan  # noqa: E402
+from engine.policy import BatchPlan  # noqa: E402
 
 WHOLE = {"prefill 768": {"chunk": 768}, "704 + 64 decodes @ 1k": {"chunk": 704, "decodes": 64},
          "704 + 64 decodes @ 256": {"chunk": 704, "decodes": 64, "ctx": 256},

@@ -21,6 +21,7 @@ from calibration import plans
 from calibration.fitting import build_profile
 from calibration.profile import PROFILES_DIR, Profile
 from engine.models.config import ModelConfig
+from engine.policy import plan_features
 from engine.presets import PRESETS
 
 ASSUMPTIONS = {
@@ -76,7 +77,7 @@ def analytic_profile(preset: str, seed: int = 0, repeats: int = 5) -> Profile:
     rng = np.random.default_rng(seed)
     points = []
     for spec in plans.sweep_specs(config.max_model_len, blocks, bs, seed=seed):
-        f = plans.spec_features(spec)
+        f = plan_features(spec)._asdict()
         t = pass_seconds(f, config)
         reps = sorted(t * float(x) for x in np.exp(rng.normal(0.0, a["noise_sigma"], size=repeats)))
         points.append({"sweep": spec.sweep, "key": spec.key, **f, "wall_s": reps[repeats // 2],

@@ -1,6 +1,6 @@
 """The cost model: a ``BatchPlan``'s features -> predicted seconds of one engine step.
 
-The engine runs a pass one of three ways, and each way gets its own fitted ``CostModel``:
+The engine runs a pass one of three ways, and each way gets its own fitted ``HingeModel``:
 - ``graph``: decode-only passes (every entry one token, at most ``graph_max_batch`` of them) replay a CUDA graph;
 - ``mixed``: other passes (with prompt tokens) of at most ``mixed_buckets[-1]`` tokens replay a CUDA graph
   captured at the smallest bucket >= their token count: their GEMMs (and whatever else depends only on the
@@ -8,7 +8,7 @@ The engine runs a pass one of three ways, and each way gets its own fitted ``Cos
 - ``eager``: everything else launches its kernels one by one from Python.
 Profiles measured before mixed graphs existed have no ``mixed`` model: their mixed passes are eager.
 
-A ``CostModel`` is
+A ``HingeModel`` is
     t = max(H, G)      H = f0 + f_s * num_seqs + f_t * num_tokens                       (host floor, optional)
                        G = g(T) + a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs
                            + a_ps * prefill_seqs                                          (device work)
@@ -32,8 +32,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-FEATURES = ("num_tokens", "prefill_tokens", "decode_tokens", "num_seqs", "prefill_seqs", "decode_context",
-            "prefill_attention")
+from engine.policy import PassFeatures
+
+FEATURES = PassFeatures._fields
 LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs")
 FLOOR_TERMS = ("floor", "floor_seqs", "floor_tokens")
 # A knot at 2 tokens lets a decode graph of one sequence differ from the line through larger batches: the engine
@@ -49,7 +50,7 @@ CANDIDATE_KNOTS = {"coarse": COARSE_KNOTS, "default": DEFAULT_KNOTS, "dense": DE
 NONNEGATIVE = ("intercept", "tokens", "decode_context", "prefill_attention", "floor", "floor_seqs", "floor_tokens")
 
 
-class CostModel:
+class HingeModel:
     """Fitted coefficients over a fixed knot set; ``predict_values`` is plain float math (called millions of
     times). ``floor`` is None for a model without a host floor."""
 
@@ -85,11 +86,6 @@ class CostModel:
             c["prefill_seqs"]
         self._f = None if self.floor is None else tuple(self.floor[n] for n in FLOOR_TERMS)
 
-    def terms(self) -> tuple:
-        """(knots, segment bases, segment slopes, a_dc, a_pa, a_s, a_ps, floor or None): what ``predict_values``
-        reads, for callers that inline it (``Profile.predict_plan``) with the same float operations."""
-        return (self.knots, self._seg_base, self._seg_slope, self._dc, self._pa, self._s, self._ps, self._f)
-
     def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
         j = bisect.bisect_right(self.knots, num_tokens)
         t = self._seg_base[j] + self._seg_slope[j] * num_tokens
@@ -102,9 +98,8 @@ class CostModel:
                 return h
         return t
 
-    def predict(self, f: Mapping[str, float]) -> float:
-        return self.predict_values(f["num_tokens"], f["decode_context"], f["prefill_attention"], f["num_seqs"],
-                                   f["prefill_seqs"])
+    def predict(self, f: PassFeatures) -> float:
+        return self.predict_values(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         t = design_matrix(X, self.knots) @ np.array([self.coef[n] for n in term_names(self.knots)])
@@ -116,20 +111,20 @@ class CostModel:
         return {"form": "hinge-linear", "knots": self.knots, "coef": self.coef, "floor": self.floor}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> CostModel:
+    def from_dict(cls, d: Mapping) -> HingeModel:
         if not isinstance(d, Mapping) or d.get("form") != "hinge-linear":
             raise ValueError(f"cost model must be a mapping with form 'hinge-linear', got {str(d)[:80]!r}")
         return cls(d["knots"], d["coef"], d.get("floor"))
 
 
 class PassModel:
-    """One ``CostModel`` per execution path, chosen per pass as the engine's runner chooses. ``mixed`` (optional)
+    """One ``HingeModel`` per execution path, chosen per pass as the engine's runner chooses. ``mixed`` (optional)
     is the mixed-graph path, taken by passes with prompt tokens of at most ``mixed_buckets[-1]`` tokens."""
 
     __slots__ = ("graph", "eager", "graph_max_batch", "mixed", "mixed_buckets", "_graph", "_eager", "_mixed",
                  "_buckets")
 
-    def __init__(self, graph: CostModel, eager: CostModel, graph_max_batch: int, mixed: CostModel | None = None,
+    def __init__(self, graph: HingeModel, eager: HingeModel, graph_max_batch: int, mixed: HingeModel | None = None,
                  mixed_buckets: Sequence[int] = ()) -> None:
         self.graph, self.eager, self.graph_max_batch = graph, eager, int(graph_max_batch)
         self.mixed, self.mixed_buckets = mixed, check_buckets(mixed_buckets)
@@ -139,18 +134,14 @@ class PassModel:
         self._mixed = None if mixed is None else mixed.predict_values
         self._buckets = self.mixed_buckets if mixed is not None else []  # empty: no pass takes the mixed path
 
-    def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
-        if num_tokens == num_seqs <= self.graph_max_batch:
-            return self._graph(num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs)
+    def predict(self, f: PassFeatures) -> float:
+        T, S = f.num_tokens, f.num_seqs
+        if T == S <= self.graph_max_batch:
+            return self._graph(T, f.decode_context, f.prefill_attention, S, f.prefill_seqs)
         b = self._buckets
-        if b and num_seqs < num_tokens <= b[-1]:
-            return self._mixed(b[bisect.bisect_left(b, num_tokens)], decode_context, prefill_attention, num_seqs,
-                               prefill_seqs)
-        return self._eager(num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs)
-
-    def predict(self, f: Mapping[str, float]) -> float:
-        return self.predict_values(f["num_tokens"], f["decode_context"], f["prefill_attention"], f["num_seqs"],
-                                   f["prefill_seqs"])
+        if b and S < T <= b[-1]:
+            return self._mixed(b[bisect.bisect_left(b, T)], f.decode_context, f.prefill_attention, S, f.prefill_seqs)
+        return self._eager(T, f.decode_context, f.prefill_attention, S, f.prefill_seqs)
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)
@@ -181,8 +172,8 @@ class PassModel:
         for key in ("graph", "eager", "graph_max_batch"):
             if key not in d:
                 raise ValueError(f"cost model lacks {key!r}")
-        mixed = CostModel.from_dict(d["mixed"]) if d.get("mixed") is not None else None
-        return cls(CostModel.from_dict(d["graph"]), CostModel.from_dict(d["eager"]), d["graph_max_batch"], mixed,
+        mixed = HingeModel.from_dict(d["mixed"]) if d.get("mixed") is not None else None
+        return cls(HingeModel.from_dict(d["graph"]), HingeModel.from_dict(d["eager"]), d["graph_max_batch"], mixed,
                    d.get("mixed_buckets", ()))
 
 
@@ -248,7 +239,7 @@ def supported_knots(T: np.ndarray, knots: Sequence[float], min_points: int = 2) 
 
 
 def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEFAULT_KNOTS,
-        floor: bool = False) -> CostModel:
+        floor: bool = False) -> HingeModel:
     """Least squares on relative residuals. Knots the data cannot place (``supported_knots``) are dropped, and
     terms the data cannot identify (a feature that is constant zero) are fixed at zero. With ``floor``, the
     max(H, G) form is fitted, starting from the linear fit of G."""
@@ -267,7 +258,7 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     coef = np.zeros(len(names))
     coef[used] = res.x / scale[used]
     if not floor:
-        return CostModel(knots, dict(zip(names, coef.tolist())))
+        return HingeModel(knots, dict(zip(names, coef.tolist())))
 
     F = floor_matrix(X)
     fscale = np.abs(F).max(axis=0)
@@ -296,7 +287,7 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     coef = np.zeros(len(names))
     coef[used] = out.x[n_f:] / scale[used]
     floor_coef = out.x[:n_f] / fscale
-    return CostModel(knots, dict(zip(names, coef.tolist())), dict(zip(FLOOR_TERMS, floor_coef.tolist())))
+    return HingeModel(knots, dict(zip(names, coef.tolist())), dict(zip(FLOOR_TERMS, floor_coef.tolist())))
 
 
 CANDIDATES = {f"{name}{'+floor' if floor else ''}": (knots, floor)

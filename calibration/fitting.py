@@ -43,7 +43,7 @@ def noise_ratios(points: Sequence[Mapping], key: str = "wall_repeats", target: s
     return [round(float(r), 5) for r in ratios]
 
 
-def fit_path(X: Mapping[str, np.ndarray], y: np.ndarray, knots, seed: int) -> tuple[cost_model.CostModel, dict]:
+def fit_path(X: Mapping[str, np.ndarray], y: np.ndarray, knots, seed: int) -> tuple[cost_model.HingeModel, dict]:
     """One path's model: the given knots (no floor), or the candidate chosen by cross-validation."""
     if knots is not None or len(y) < 25:
         return cost_model.fit(X, y, knots or cost_model.DEFAULT_KNOTS), {"chosen": "fixed"}
@@ -110,7 +110,7 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
     if not models:
         raise ValueError("too few points on every path to fit")
 
-    def pick(path: str, *others: str) -> cost_model.CostModel:
+    def pick(path: str, *others: str) -> cost_model.HingeModel:
         name = next(n for n in (path, *others) if n in models)
         if name != path:
             selection[path]["borrowed"] = name

@@ -1,10 +1,10 @@
 """Which passes a profile measures, and how each becomes a real ``BatchPlan`` (torch-free).
 
 A ``PassSpec`` describes one pass: decodes (one token each, at a given context) and prompt chunks (new tokens
-on top of a cached prefix). ``build_plan`` turns it into requests in the running state, with KV blocks taken
-from a real ``BlockManager`` and ``num_computed_tokens`` set to fake the cached context (KV contents do not
-matter for timing), then lets the real ``SplitFuseScheduler`` schedule them, so the plan is exactly what the
-engine would run and the scheduling time is that of the engine's own policy code.
+on top of a cached prefix). ``build_plan`` hands its requests to a real SplitFuse scheduler as running requests
+whose context is already computed (``Scheduler.add_running``: KV blocks taken, contents irrelevant for timing),
+then lets it schedule them, so the plan is exactly what the engine would run and the scheduling time is that of
+the engine's own policy code.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.block_manager import BlockManager
-from engine.request import Request, RequestState
-from engine.sampling_params import SamplingParams
-from engine.scheduler import BatchPlan, SplitFuseScheduler
+from engine.policy import BatchPlan, PolicyConfig, Request, SamplingParams, Scheduler, make_scheduler
 
 PREFILL_MAX = 8192
 DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -37,7 +34,24 @@ class PassSpec:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decode_contexts) + sum(n for _, n, _ in self.chunks)
+        return len(self.decode_contexts) + self.num_prefill_tokens
+
+    # A plan's shape, so that ``plan_features(spec)`` gives the features of the plan ``build_plan`` makes.
+    @property
+    def num_decodes(self) -> int:
+        return len(self.decode_contexts)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for _, n, _ in self.chunks)
+
+    @property
+    def start_positions(self) -> list[int]:
+        return [*self.decode_contexts, *(prefix for prefix, _, _ in self.chunks)]
+
+    @property
+    def num_new_tokens(self) -> list[int]:
+        return [1] * len(self.decode_contexts) + [n for _, n, _ in self.chunks]
 
     @property
     def key(self) -> str:
@@ -117,29 +131,23 @@ def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int,
     return PassSpec("mixed", decode_contexts=tuple(contexts), chunks=tuple(chunks))
 
 
-def build_plan(spec: PassSpec, block_manager: BlockManager, rng: np.random.Generator, vocab_size: int,
+def build_plan(spec: PassSpec, num_kv_blocks: int, block_size: int, rng: np.random.Generator, vocab_size: int,
                max_model_len: int, sampling_params: SamplingParams | None = None
-               ) -> tuple[SplitFuseScheduler, BatchPlan, float]:
-    """(scheduler, plan, seconds the scheduler took) for ``spec``; the caller runs it, then ``release``."""
-    bm = block_manager
-    sched = SplitFuseScheduler(bm, token_budget=spec.num_tokens, max_num_seqs=len(spec.decode_contexts)
-                               + len(spec.chunks) + 1, max_model_len=max_model_len)
+               ) -> tuple[Scheduler, BatchPlan, float]:
+    """(scheduler, plan, seconds the scheduler took) for ``spec``; the scheduler's block tables index a KV cache
+    of ``num_kv_blocks`` blocks. The caller runs the plan, then ``release``."""
+    config = PolicyConfig(token_budget=spec.num_tokens, block_size=block_size,
+                          max_num_seqs=len(spec.decode_contexts) + len(spec.chunks) + 1)
+    sched = make_scheduler(config, num_kv_blocks, max_model_len)
     params = sampling_params or SamplingParams(max_tokens=max_model_len)
-    running = []
-    for i, ctx in enumerate(spec.decode_contexts):
+    for i, ctx in enumerate(spec.decode_contexts):  # a decode: its prompt computed and one token sampled
         r = _request(i, ctx, params, rng, vocab_size, max_model_len)
-        _cache(bm, r, ctx)
-        r.output_token_ids.append(int(rng.integers(0, vocab_size)))
-        r.num_output_tokens = 1
-        running.append(r)
+        sched.add_running(r, ctx, sampled_token=int(rng.integers(0, vocab_size)))
     for j, (prefix, n, left) in enumerate(spec.chunks):
-        r = _request(len(running) + j, prefix + n + left, params, rng, vocab_size, max_model_len)
-        _cache(bm, r, prefix)
-        running.append(r)
-    sched.running = running
+        r = _request(len(spec.decode_contexts) + j, prefix + n + left, params, rng, vocab_size, max_model_len)
+        sched.add_running(r, prefix)
     # The set-up above made hundreds of thousands of token ids; collect now so that a full collection it made due
-    # does not land in the one timed schedule(): a 362-sequence pass once took 155 ms in it on a GPU host (0.2 ms
-    # when the same plan was rebuilt on a CPU machine).
+    # does not land in the one timed schedule().
     gc.collect()
     t0 = time.perf_counter()
     plan = sched.schedule()
@@ -151,39 +159,13 @@ def build_plan(spec: PassSpec, block_manager: BlockManager, rng: np.random.Gener
     return sched, plan, seconds
 
 
-def release(sched: SplitFuseScheduler) -> None:
-    """Free every block the pass's requests hold."""
-    for r in sched.running:
-        sched.block_manager.free(r)
-    sched.running = []
+def release(sched: Scheduler) -> None:
+    """End every request of the pass, freeing its blocks."""
+    for r in list(sched.running):
+        sched.abort(r.request_id)
 
 
 def _request(i: int, prompt_len: int, params: SamplingParams, rng: np.random.Generator, vocab_size: int,
              max_model_len: int) -> Request:
     ids = rng.integers(0, vocab_size, size=prompt_len).tolist()
-    r = Request(f"p{i}", ids, params, arrival_time=float(i), max_model_len=max_model_len)
-    r.state = RequestState.RUNNING
-    r.scheduled_time = 0.0
-    return r
-
-
-def _cache(bm: BlockManager, r: Request, num_tokens: int) -> None:
-    """Pretend the first ``num_tokens`` are computed: hold their blocks and mark them computed."""
-    if num_tokens and not bm.allocate(r, num_tokens):
-        raise RuntimeError("not enough KV blocks for the pass")
-    r.num_computed_tokens = num_tokens
-
-
-def spec_features(spec: PassSpec) -> dict[str, int]:
-    """``BatchPlan.features()`` of the plan ``build_plan`` makes from ``spec``, without building it."""
-    d = len(spec.decode_contexts)
-    prefill = sum(n for _, n, _ in spec.chunks)
-    return {
-        "num_tokens": d + prefill,
-        "prefill_tokens": prefill,
-        "decode_tokens": d,
-        "num_seqs": d + len(spec.chunks),
-        "prefill_seqs": len(spec.chunks),
-        "decode_context": sum(spec.decode_contexts) + d,
-        "prefill_attention": sum(n * (s + n) for s, n, _ in spec.chunks),
-    }
+    return Request(f"p{i}", ids, params, arrival_time=float(i), max_model_len=max_model_len)

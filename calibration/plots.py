@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.plans import PassSpec
+from engine.policy import PassFeatures, plan_features
+
 SWEEP_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "mixed": "#2ca02c"}
 
 
@@ -17,15 +20,12 @@ def _curves(profile) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Model curves along T: one prompt from scratch, and decodes at 1k context (where the cache holds them)."""
     top = profile.max_model_len - 1
     t = np.unique(np.geomspace(1, 8192, 200).astype(int))
-    prefill = [profile.predict({"num_tokens": n, "prefill_tokens": n, "decode_tokens": 0, "num_seqs": -(-n // top),
-                                "prefill_seqs": -(-n // top), "decode_context": 0, "prefill_attention":
-                                sum(c * c for c in _split(n, top))}) for n in t]
+    prefill = [profile.predict(plan_features(PassSpec("prefill", chunks=tuple((0, c, 0) for c in _split(n, top)))))
+               for n in t]
     ctx = min(1024, top - 1)
     cap = profile.num_kv_blocks * profile.block_size // (ctx + 1)
     td = t[t <= min(512, cap)]
-    decode = [profile.predict({"num_tokens": b, "prefill_tokens": 0, "decode_tokens": b, "num_seqs": b,
-                               "prefill_seqs": 0, "decode_context": b * (ctx + 1), "prefill_attention": 0})
-              for b in td]
+    decode = [profile.predict(plan_features(PassSpec("decode", decode_contexts=(ctx,) * int(b)))) for b in td]
     return {"model: one prompt": (t, np.array(prefill)), f"model: decodes at {ctx} context": (td, np.array(decode))}
 
 
@@ -41,7 +41,7 @@ def figures(profile):
     pts = profile.points
     T = np.array([p["num_tokens"] for p in pts], dtype=float)
     y = np.array([p[profile.fit.get("target", "wall_s")] for p in pts], dtype=float)
-    pred = np.array([profile.predict(p) for p in pts])
+    pred = np.array([profile.predict(PassFeatures.from_mapping(p)) for p in pts])
     curves = _curves(profile)
     figs = {}
     for name, f, unit in (("latency", lambda t, s: s * 1e3, "ms per pass"),

@@ -1,18 +1,18 @@
 """A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
 fitted cost model, the spread of pass times and the KV capacity the engine gets on that card.
 
-Torch-free and cheap to import: the simulator loads profiles and calls ``predict_plan`` millions of times.
+Torch-free and cheap to import: the simulator loads profiles and calls ``predict`` millions of times.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from pathlib import Path
 
 from calibration.cost_model import FEATURES, PassModel
+from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
 VERSION = 2
@@ -34,78 +34,31 @@ class Profile:
         self.points = points or []
         self.noise = sorted(float(x) for x in (noise or []))
         self.fit = dict(fit or {})
-        self._predict_values = model.predict_values
-        self._n_noise = len(self.noise)
-        # Every path's coefficients, for the inlined ``predict_plan`` (a ``PassModel``; anything else goes through
-        # its ``predict_values``). No mixed model: no buckets, so no pass takes that path.
-        if isinstance(model, PassModel):
-            mixed = model.mixed.terms() if model.mixed is not None else None
-            self._paths = (model.graph_max_batch, model.graph.terms(), model.eager.terms(), mixed,
-                           model.mixed_buckets if mixed is not None else [])
-        else:
-            self._paths = None
+        # The fitted model's own method answers ``predict`` (one call less on the simulator's hot path).
+        self.predict = model.predict
+        self._noise = None  # the noise as a numpy array, made on first use
 
     def __repr__(self) -> str:
         m = self.meta
         return (f"Profile({m.get('model')!r}, card={m.get('card')!r}, {m.get('dtype')}, kind={m.get('kind')!r}, "
                 f"{self.num_kv_blocks} KV blocks of {self.block_size})")
 
-    # -- prediction (hot path) ---------------------------------------------------------------------------
-    def predict_plan(self, plan) -> float:
-        """Median seconds of one engine step running ``plan`` (a ``BatchPlan``)."""
-        d = plan.num_decodes
-        starts, new = plan.start_positions, plan.num_new_tokens
-        num_seqs = len(new)
-        num_tokens = d + plan.num_prefill_tokens
-        decode_context = sum(starts[:d]) + d if d else 0
-        prefill_attention = 0
-        for i in range(d, num_seqs):
-            n = new[i]
-            prefill_attention += n * (starts[i] + n)
-        paths = self._paths
-        if paths is None:
-            return self._predict_values(num_tokens, decode_context, prefill_attention, num_seqs, num_seqs - d)
-        # PassModel.predict_values and CostModel.predict_values inlined, with the same float operations in the
-        # same order (so the result is bit-identical to ``predict(plan.features())``).
-        if num_tokens == num_seqs <= paths[0]:
-            knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[1]
-        else:
-            buckets = paths[4]
-            if buckets and num_seqs < num_tokens <= buckets[-1]:
-                num_tokens = buckets[bisect_left(buckets, num_tokens)]  # the mixed graph's padded pass
-                knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[3]
-            else:
-                knots, base, slope, a_dc, a_pa, a_s, a_ps, f = paths[2]
-        j = bisect_right(knots, num_tokens)
-        t = base[j] + slope[j] * num_tokens
-        t += a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs
-        t += a_ps * (num_seqs - d)
-        if f is not None:
-            h = f[0] + f[1] * num_seqs + f[2] * num_tokens
-            if h > t:
-                return h
-        return t
-
-    def predict(self, features: Mapping[str, float]) -> float:
-        """The same from ``BatchPlan.features()``."""
-        return self.model.predict(features)
-
-    def sample_factor(self, rng) -> float:
-        """Multiplicative noise on a predicted median, drawn from the measured spread of pass times."""
-        n = self._n_noise
-        if not n:
-            return 1.0
-        return self.noise[int(rng.random() * n)]
+    # -- prediction (the simulator's hot path) ---------------------------------------------------------------
+    def predict(self, f: PassFeatures) -> float:
+        """Median seconds of one engine step running a pass with features ``f`` (``plan_features(plan)``)."""
+        return self.model.predict(f)  # replaced per instance by the model's bound method (see __init__)
 
     def noise_factors(self, uniforms) -> list[float]:
-        """``sample_factor`` for a block of pre-drawn uniforms (a numpy array in [0, 1)), in one numpy call:
-        the factor for ``u`` is ``noise[int(u * len(noise))]``, exactly as ``sample_factor`` computes it."""
-        n = self._n_noise
+        """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the factor for
+        a uniform draw ``u`` in [0, 1) is ``noise[int(u * len(noise))]`` (1 without a measured spread)."""
+        n = len(self.noise)
         if not n:
             return [1.0] * len(uniforms)
         import numpy as np
 
-        return np.asarray(self.noise)[(uniforms * n).astype(np.int64)].tolist()
+        if self._noise is None:
+            self._noise = np.asarray(self.noise)
+        return self._noise[(uniforms * n).astype(np.int64)].tolist()
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from calibration import plans
+from engine.policy import plan_features
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -35,11 +36,13 @@ TOKEN_BUDGET = 2048
 def make_engine(model: str, dtype: str, device: str, seed: int, block_size: int, gpu_memory_utilization: float):
     """The real engine, built as ``LLMEngine`` builds itself (so the KV capacity and the decode graphs are the
     engine's own), configured for up to ``MAX_NUM_SEQS`` sequences at ``TOKEN_BUDGET``."""
+    from engine.config import EngineConfig
     from engine.llm import LLMEngine
+    from engine.policy import PolicyConfig
 
-    return LLMEngine(model, dtype=DTYPES[dtype], device=device, seed=seed, block_size=block_size,
-                     gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=MAX_NUM_SEQS,
-                     token_budget=TOKEN_BUDGET)
+    policy = PolicyConfig(token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS, block_size=block_size)
+    return LLMEngine(EngineConfig(model, policy, dtype=DTYPES[dtype], device=device, seed=seed,
+                                  gpu_memory_utilization=gpu_memory_utilization))
 
 
 def _median_seconds(fn, repeats: int = 10) -> float:
@@ -108,7 +111,7 @@ def sweep_meta(llm, model: str, dtype: str, device: torch.device, ceilings: dict
     return {"model": model, "card": card, "card_memory_bytes": mem, "dtype": dtype, "tensor_parallel": 1,
             "kind": "measured", "versions": versions(), "git_commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "block_size": llm.block_manager.block_size, "num_kv_blocks": llm.block_manager.num_blocks,
+            "block_size": llm.block_size, "num_kv_blocks": llm.num_kv_blocks,
             "max_model_len": llm.max_model_len, "max_num_seqs": MAX_NUM_SEQS, "token_budget": TOKEN_BUDGET,
             "mixed_graph_buckets": mixed_graph_buckets(llm), **ceilings,
             "timing": "wall_s = scheduler.schedule + median(runner.run, host clock with device sync) "
@@ -166,8 +169,8 @@ class PointTimer:
 
 def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generator) -> dict:
     """One point: the plan built by the real scheduler, timed; then the scheduler's update, timed."""
-    config = llm.model_config
-    sched, plan, sched_s = plans.build_plan(spec, llm.block_manager, rng, config.vocab_size, llm.max_model_len)
+    sched, plan, sched_s = plans.build_plan(spec, llm.num_kv_blocks, llm.block_size, rng,
+                                            llm.model_config.vocab_size, llm.max_model_len)
     try:
         walls, gpus, sampled = timer.time(plan)
         t0 = time.perf_counter()
@@ -178,7 +181,7 @@ def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generat
     host = sched_s + update_s
     uses_graph = getattr(llm.runner, "uses_graph", None)
     padded_tokens = getattr(getattr(llm.runner, "graphs", None), "padded_tokens", None)
-    point = {"sweep": spec.sweep, "key": spec.key, **plan.features(), "run_s": float(np.median(walls)),
+    point = {"sweep": spec.sweep, "key": spec.key, **plan_features(plan)._asdict(), "run_s": float(np.median(walls)),
              "sched_s": sched_s, "update_s": update_s, "wall_s": float(np.median(walls)) + host,
              "wall_repeats": [round(w + host, 7) for w in walls]}
     if uses_graph is not None:
@@ -244,9 +247,8 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
     elif header.get("mixed_graph_buckets", []) != mixed_graph_buckets(llm):
         raise ValueError(f"{points_path} was measured with mixed-graph buckets {header.get('mixed_graph_buckets')}, "
                          f"this engine has {mixed_graph_buckets(llm)}; choose another --out or delete it")
-    bm = llm.block_manager
     if specs is None:
-        specs = plans.sweep_specs(llm.max_model_len, bm.num_blocks, bm.block_size, seed=seed)
+        specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed)
     if max_points is not None:
         specs = specs[:max_points]
     count = {p["key"]: p["rounds"] for p in done}
@@ -277,9 +279,9 @@ def _warm_up(llm, timer: PointTimer, rng: np.random.Generator) -> None:
                  plans.PassSpec("decode", decode_contexts=(min(512, top - 1),) * 8),
                  plans.PassSpec("mixed", decode_contexts=(min(256, top - 1),) * 4,
                                 chunks=((min(128, top // 2), 64, 8),))):
-        if spec.blocks_needed(llm.block_manager.block_size) <= llm.block_manager.num_blocks:
-            sched, plan, _ = plans.build_plan(spec, llm.block_manager, rng, llm.model_config.vocab_size,
-                                              llm.max_model_len)
+        if spec.blocks_needed(llm.block_size) <= llm.num_kv_blocks:
+            sched, plan, _ = plans.build_plan(spec, llm.num_kv_blocks, llm.block_size, rng,
+                                              llm.model_config.vocab_size, llm.max_model_len)
             try:
                 for _ in range(3):
                     timer.once(plan)

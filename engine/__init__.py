@@ -1,16 +1,14 @@
-"""splitfuse engine: the torch-free policy layer (requests, KV block manager, schedulers, load balancing)
-and, imported lazily so that ``import engine`` never pulls in torch, the model runner and the ``LLM`` pipeline.
+"""splitfuse engine: Hugging Face decoder models served with a paged KV cache and the shared scheduling policy
+(``engine.policy``, torch-free). The model runner and the ``LLM`` pipeline are imported lazily, so that
+``import engine`` never pulls in torch.
 """
 
-from engine.block_manager import BlockManager
-from engine.request import Request, RequestState
-from engine.sampling_params import SamplingParams
-from engine.scheduler import SCHEDULERS, BatchPlan, make_scheduler
+from engine.policy import SamplingParams
 
-_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm", "RequestOutput": "engine.llm"}
+_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm", "RequestOutput": "engine.llm",
+         "EngineConfig": "engine.config"}
 
-__all__ = ["BatchPlan", "BlockManager", "Request", "RequestState", "SamplingParams", "SCHEDULERS",
-           "make_scheduler", *_LAZY]
+__all__ = ["SamplingParams", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@
 An eager pass launches ~13 kernels per layer from Python: 16-37 ms of host time for a 7B model, longer than the
 GPU work of any pass under ~700 tokens, and jittery. Replaying a captured graph removes that cost.
 
-Every graph reads its inputs from views of one static int32 buffer (laid out as ``runner.Layout`` for its
+Every graph reads its inputs from views of one static int32 buffer (laid out as ``inputs.Layout`` for its
 bucket), so a pass is one host-to-device copy into that buffer plus one replay. Padding differs by kind:
 - decode graphs (``b`` tokens, ``b`` sequences): a batch is padded with one-token sequences that write no
   key/value and attend to one cached token;
@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 import kernels
-from engine.runner import Layout, pack_inputs
-from engine.scheduler import BatchPlan
+from engine.inputs import Layout, pack_inputs
+from engine.policy import BatchPlan
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 # Fine steps where a pass reads the weights (padding is free), coarser where the GEMMs are compute-bound.

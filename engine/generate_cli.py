@@ -6,6 +6,9 @@ import time
 
 import click
 
+from engine.config import EngineConfig
+from engine.policy import PolicyConfig, SamplingParams
+from engine.policy.options import config_options
 from engine.presets import BUNDLED_TINY_MODEL, PRESETS
 
 DEFAULT_PROMPTS = ("The quick brown", "Dynamic SplitFuse", "A paged KV cache", "Once upon a time")
@@ -30,26 +33,19 @@ def _parse_prompt(prompt: str, has_tokenizer: bool) -> str | list[int]:
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--top-k", default=-1, show_default=True, type=int)
-@click.option("--scheduler", default="splitfuse", show_default=True,
-              type=click.Choice(["splitfuse", "prefill-first", "decode-first"]))
-@click.option("--token-budget", default=768, show_default=True, type=int)
-@click.option("--block-size", default=16, show_default=True, type=int)
-@click.option("--num-kv-blocks", default=None, type=int, help="KV cache size in blocks [default: from memory].")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--dtype", default="auto", show_default=True)
-@click.option("--seed", default=0, show_default=True, type=int)
-def generate(model, prompts, max_tokens, temperature, top_p, top_k, scheduler, token_budget, block_size,
-             num_kv_blocks, device, dtype, seed):
+@config_options(PolicyConfig, exclude=("balancer",))
+@config_options(EngineConfig)
+def generate(model, prompts, max_tokens, temperature, top_p, top_k, **options):
     """Generate text with the engine and print a short timing table."""
     from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
 
     try:
+        seed = options["seed"]
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 seed=seed if temperature > 0 else None)
+        config = EngineConfig.from_kwargs(model, **options)
         start = time.monotonic()
-        llm = LLM(model, scheduler=scheduler, token_budget=token_budget, block_size=block_size,
-                  num_kv_blocks=num_kv_blocks, dtype=dtype, device=device, seed=seed)
+        llm = LLM(config)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     load_s = time.monotonic() - start
@@ -58,10 +54,10 @@ def generate(model, prompts, max_tokens, temperature, top_p, top_k, scheduler, t
     outputs = llm.generate(inputs, params)
     wall_s = time.monotonic() - start
 
-    engine = llm.engine
+    engine, policy = llm.engine, config.policy
     click.echo(f"model {model} on {engine.device} ({str(engine.dtype).removeprefix('torch.')}), scheduler "
-               f"{scheduler}, token budget {token_budget}, {engine.block_manager.num_blocks} KV blocks of "
-               f"{block_size} tokens; loaded in {load_s:.2f} s\n")
+               f"{policy.scheduler}, token budget {policy.token_budget}, {engine.num_kv_blocks} KV blocks of "
+               f"{policy.block_size} tokens; loaded in {load_s:.2f} s\n")
     for i, out in enumerate(outputs):
         shown = out.text if out.text is not None else out.token_ids
         click.echo(f"[{i}] {out.prompt!r} -> {shown!r}" if out.error is None else f"[{i}] error: {out.error}")

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.block_manager import BlockManager
+from engine.config import EngineConfig
 from engine.cuda_graphs import MAX_GRAPH_TOKENS
 from engine.memory import num_kv_blocks_for
-from engine.request import Request
+from engine.policy import BatchPlan, Request, SamplingParams, SchedulerStats, make_scheduler
+from engine.prompts import check_prompt
 from engine.runner import LaunchedPass, ModelRunner
-from engine.sampling_params import SamplingParams
-from engine.scheduler import BatchPlan, make_scheduler
 from engine.weights import load_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -96,7 +95,8 @@ def _configure_logging() -> None:
 
 
 class LLMEngine:
-    """Scheduler + model runner behind ``add_request`` / ``step`` / ``abort``.
+    """Scheduler + model runner behind ``add_request`` / ``step`` / ``abort``, built from an ``EngineConfig`` (or
+    from a model and the config's fields as keyword arguments: ``LLMEngine("tiny-llama", device="cpu")``).
 
     On CUDA the KV cache takes ``gpu_memory_utilization`` of the card minus the weights and the activation peak
     of a pass of ``token_budget`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is given), and
@@ -104,67 +104,69 @@ class LLMEngine:
     turns them off).
 
     ``pipeline_decodes``: after enqueuing a greedy decode-graph pass, the engine also enqueues the pass that follows
-    it if nothing changes (every request one token further, input ids taken on the device from this pass's
-    argmax) before it waits for this one, so the GPU does not idle while the host updates, schedules and packs.
-    The next ``step`` schedules as always and uses that pass only if its plan is the same or a subset (requests
-    that finished or were aborted drop out; their rows are ignored); otherwise the pass is discarded. Plans are
-    those of the engine without it. Physical KV blocks can differ: a request that starts a new block with its next
-    token gets it one step early, and if it then stops on a token, the block returns to the free list's tail.
+    it if nothing changes (``Scheduler.next_decode_plan``: every request one token further, input ids taken on the
+    device from this pass's argmax) before it waits for this one, so the GPU does not idle while the host updates,
+    schedules and packs. The next ``step`` schedules as always and uses that pass only if its plan is the same or a
+    subset (requests that finished or were aborted drop out; their rows are ignored); otherwise the pass is
+    discarded. Plans are those of the engine without it. Physical KV blocks can differ: a request that starts a new
+    block with its next token gets it one step early, and if it then stops on a token, the block returns to the
+    free list's tail.
     """
 
-    def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
-                 max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
-                 device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
-                 enforce_eager: bool = False, pipeline_decodes: bool = True):
+    def __init__(self, model: str | EngineConfig, **kwargs):
         _configure_logging()
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        torch.manual_seed(seed)
-        self.model, self.model_config, self.tokenizer = load_model(model, self.dtype, self.device, seed)
+        if isinstance(model, EngineConfig):
+            if kwargs:
+                raise TypeError("pass an EngineConfig or a model with keyword arguments, not both")
+            config = model
+        else:
+            config = EngineConfig.from_kwargs(model, **kwargs)
+        self.config = config
+        policy = config.policy
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        torch.manual_seed(config.seed)
+        self.model, self.model_config, self.tokenizer = load_model(config.model, self.dtype, self.device, config.seed)
         if hasattr(self.model, "merge_projections"):
             self.model.merge_projections()
-        config = self.model_config
-        self.max_model_len = min(config.max_model_len, max_model_len or config.max_model_len)
-        use_graphs = self.device.type == "cuda" and not enforce_eager
-        graph_tokens = min(MAX_GRAPH_TOKENS, token_budget, self.max_model_len) if use_graphs else 0
+        model_config = self.model_config
+        self.max_model_len = min(model_config.max_model_len, config.max_model_len or model_config.max_model_len)
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        graph_tokens = min(MAX_GRAPH_TOKENS, policy.token_budget, self.max_model_len) if use_graphs else 0
+        num_kv_blocks = config.num_kv_blocks
         if num_kv_blocks is None:
-            num_kv_blocks = num_kv_blocks_for(config, block_size, self.dtype, self.device, max_num_seqs,
-                                              self.max_model_len, gpu_memory_utilization, self.model, token_budget,
-                                              graph_tokens)
-        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.scheduler = make_scheduler(scheduler, self.block_manager, token_budget=token_budget,
-                                        max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
-        self.runner = ModelRunner(self.model, config, num_kv_blocks, block_size, self.device, self.dtype, seed,
-                                  max_model_len=self.max_model_len,
-                                  max_graph_batch=min(max_num_seqs, token_budget), max_graph_tokens=graph_tokens,
-                                  use_cuda_graphs=use_graphs)
-        self.eos_token_id = config.eos_token_id
-        self.extra_eos_token_ids = config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
+            num_kv_blocks = num_kv_blocks_for(model_config, policy.block_size, self.dtype, self.device,
+                                              policy.max_num_seqs, self.max_model_len, config.gpu_memory_utilization,
+                                              self.model, policy.token_budget, graph_tokens)
+        self.scheduler = make_scheduler(policy, num_kv_blocks, self.max_model_len)
+        self.runner = ModelRunner(self.model, model_config, num_kv_blocks, policy.block_size, self.device, self.dtype,
+                                  config.seed, max_model_len=self.max_model_len,
+                                  max_graph_batch=min(policy.max_num_seqs, policy.token_budget),
+                                  max_graph_tokens=graph_tokens, use_cuda_graphs=use_graphs)
+        self.eos_token_id = model_config.eos_token_id
+        self.extra_eos_token_ids = model_config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
         self._requests: dict[str, tuple[Request, Prompt]] = {}
         self._next_id = itertools.count()
-        self.pipeline_decodes = pipeline_decodes
+        self.pipeline_decodes = config.pipeline_decodes
         self._ahead: tuple[BatchPlan, list[int], LaunchedPass] | None = None  # the pass enqueued ahead
         self.pipeline_stats = {"enqueued": 0, "used": 0, "discarded": 0}
+
+    @property
+    def block_size(self) -> int:
+        return self.config.policy.block_size
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.runner.num_kv_blocks
+
+    def stats(self) -> SchedulerStats:
+        """Running and waiting requests, preemptions, passes and KV blocks, from the scheduler."""
+        return self.scheduler.stats()
 
     # -- requests in -------------------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt; ValueError naming the problem for an empty, untokenizable or invalid one."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt is a string but the model has no tokenizer; pass token ids instead")
-            if not prompt:
-                raise ValueError("prompt is empty")
-            return list(self.tokenizer(prompt)["input_ids"])
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        if not prompt:
-            raise ValueError("prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        return list(prompt)
+        return check_prompt(prompt, self.tokenizer, self.model_config.vocab_size)
 
     def add_request(self, prompt: Prompt, sampling_params: SamplingParams | dict | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
@@ -231,31 +233,15 @@ class LLMEngine:
         return outputs
 
     def _enqueue_ahead(self, plan: BatchPlan, launched: LaunchedPass) -> None:
-        """Enqueue the decode pass that follows ``plan`` if nothing changes (see the class docstring). Not when
-        requests wait (the next plan would admit them) or one finishes by length in this pass. A request whose next
-        token starts a KV block gets that block now, as the next ``schedule`` would (same order, from the head of
-        the free list), if the free blocks suffice for all of them; else nothing is enqueued."""
-        if (launched.greedy is None or self.scheduler.waiting or plan.preempted
-                or plan.num_tokens != plan.num_seqs or not all(plan.samples)):
+        """Enqueue the decode pass that follows ``plan`` if nothing changes (see the class docstring), when this
+        pass's tokens are greedy ids still on the device and the scheduler can tell that pass now."""
+        if launched.greedy is None:
             return
-        bm = self.block_manager
-        bs = bm.block_size
-        crossing = 0
-        for r, p in zip(plan.requests, plan.start_positions):
-            out = r.num_output_tokens + 1  # after this pass
-            if out >= r.max_tokens or (r.max_model_len is not None and r.num_prompt_tokens + out >= r.max_model_len):
-                return
-            crossing += (p + 1) // bs >= len(r.block_table)
-        if crossing and (crossing > bm.num_free_blocks or not self.scheduler.decodes_first):
+        ahead = self.scheduler.next_decode_plan(plan)
+        if ahead is None:
             return
-        blocks, positions = [], []
-        for r, p in zip(plan.requests, plan.start_positions):
-            if (p + 1) // bs >= len(r.block_table):
-                bm.allocate(r, 2)  # this pass's token and the next one
-            blocks.append(r.block_table[(p + 1) // bs])
-            positions.append(p + 1)
-        n = plan.num_seqs
-        ahead = BatchPlan(list(plan.requests), [1] * n, positions, [True] * n, num_decodes=n)
+        bs = self.block_size
+        blocks = [r.block_table[p // bs] for r, p in zip(ahead.requests, ahead.start_positions)]
         self._ahead = (ahead, blocks, self.runner.launch(ahead, ids_from=launched.greedy))
         self.pipeline_stats["enqueued"] += 1
 
@@ -269,7 +255,7 @@ class LLMEngine:
         rows = []
         if plan is not None and plan.num_tokens == plan.num_seqs and not plan.preempted:
             row_of = {id(r): i for i, r in enumerate(ahead.requests)}
-            bs = self.block_manager.block_size
+            bs = self.block_size
             for r, p in zip(plan.requests, plan.start_positions):
                 i = row_of.get(id(r))
                 if i is None or ahead.start_positions[i] != p or r.block_table[p // bs] != blocks[i]:
@@ -304,17 +290,12 @@ class LLMEngine:
 class LLM:
     """Pipeline: ``LLM(model).generate(prompts, sampling_params)`` -> one ``RequestOutput`` per prompt, in order.
 
-    ``model`` is a preset name (random weights, see ``engine.presets``) or a local Hugging Face directory.
+    ``model`` is a preset name (random weights, see ``engine.presets``), a local Hugging Face directory or an
+    ``EngineConfig``; keyword arguments are the fields of ``EngineConfig`` and ``PolicyConfig``.
     """
 
-    def __init__(self, model: str, scheduler: str = "splitfuse", token_budget: int = 768, block_size: int = 16,
-                 max_num_seqs: int = 256, num_kv_blocks: int | None = None, dtype: str | torch.dtype = "auto",
-                 device: str | torch.device = "auto", seed: int = 0, enable_prefix_caching: bool = True,
-                 gpu_memory_utilization: float = 0.9, **engine_kwargs):
-        self.engine = LLMEngine(model, scheduler=scheduler, token_budget=token_budget, block_size=block_size,
-                                max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, dtype=dtype,
-                                device=device, seed=seed, enable_prefix_caching=enable_prefix_caching,
-                                gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
+    def __init__(self, model: str | EngineConfig, **kwargs):
+        self.engine = LLMEngine(model, **kwargs)
 
     @property
     def tokenizer(self):

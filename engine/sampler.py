@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import Request
+from engine.policy import Request
 
 _MASK = 0xFFFF_FFFF_FFFF_FFFF
 

@@ -4,7 +4,7 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
 - ``workload``: request lengths, Poisson/gamma/closed-loop arrivals, trace replay (CSV/JSONL).
 - ``costs``: loading a shipped profile (``calibration.profile``), plus constant/linear cost models for tests.
 - ``replica``: one replica as a SimPy process (schedule -> wait the plan's cost -> update).
-- ``cluster``: N replicas behind a load balancer (``engine.load_balancer``); ``simulate`` runs one replication
+- ``cluster``: N replicas behind a load balancer (``engine.policy.load_balancer``); ``simulate`` runs one replication
   (with a state-free balancer, big runs spread the replicas over worker processes, with identical results).
 - ``request_log``, ``token_stats``: per-request aggregates and streaming inter-token statistics (FastGen's
   EWM and cumulative SLA statistics, a log-spaced gap histogram), so memory stays bounded on long runs.

@@ -7,24 +7,27 @@ import dataclasses
 
 import numpy as np
 
+from engine.policy import BatchPlan, plan_features
 from sim.cluster import ClusterConfig, simulate
 from sim.metrics import SLA, summarize
 from sim.workload import Workload
 
 
-def estimate_capacity(cost, workload: Workload, replicas: int = 1, token_budget: int = 768) -> float:
-    """Rough saturation rate (requests/s) of a SplitFuse cluster: passes full of ``token_budget`` tokens,
-    mixing decodes and prompt chunks in the workload's proportions. A starting point for sweeps, not a result."""
+def estimate_capacity(config: ClusterConfig, workload: Workload) -> float:
+    """Rough saturation rate (requests/s) of the cluster: every replica runs passes full of ``token_budget``
+    tokens, mixing decodes and one prompt chunk in the workload's proportions. A starting point for sweeps, not a
+    result."""
     rng = np.random.default_rng(0)
     p = float(workload.prompt.sample(rng, 4096).mean())
     o = float(workload.output.sample(rng, 4096).mean())
-    decodes = min(token_budget * o / (p + o), token_budget - 1)
-    prefill = token_budget - decodes
-    features = {"num_tokens": token_budget, "prefill_tokens": prefill, "decode_tokens": decodes,
-                "num_seqs": decodes + 1, "prefill_seqs": 1, "decode_context": decodes * (p + o / 2),
-                "prefill_attention": prefill * (p / 2 + prefill)}
-    seconds = cost.predict(features)
-    return replicas * token_budget / (p + o) / seconds
+    budget = config.policy.token_budget
+    decodes = min(round(budget * o / (p + o)), budget - 1)
+    # decodes halfway through their outputs, and a chunk halfway through its prompt
+    typical = BatchPlan(num_new_tokens=[1] * decodes + [budget - decodes],
+                        start_positions=[p + o / 2 - 1] * decodes + [p / 2], num_decodes=decodes,
+                        num_prefill_tokens=budget - decodes)
+    features = plan_features(typical)
+    return sum(budget / (p + o) / cost.predict(features) for cost in config.costs())
 
 
 def replicate(workload: Workload, config: ClusterConfig, seeds, sla: SLA | None = None, **kwargs) -> list[dict]:

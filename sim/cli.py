@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from engine.policy import PolicyConfig
+from engine.policy.options import config_options, pick
 from sim.costs import DEFAULT_PROFILE
 from sim.sla_options import sla_options
 
@@ -16,11 +18,7 @@ from sim.sla_options import sla_options
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Shipped profile name or profile JSON path (or builtin-llama-2-7b).")
 @click.option("--replicas", default=4, show_default=True, type=int)
-@click.option("--balancer", default="least-requests", show_default=True,
-              help="round-robin, random, least-requests, least-tokens, least-kv or power-of-two.")
-@click.option("--scheduler", default="splitfuse", show_default=True, help="splitfuse, prefill-first or decode-first.")
-@click.option("--token-budget", default=768, show_default=True, type=int, help="Most tokens one pass carries.")
-@click.option("--max-num-seqs", default=256, show_default=True, type=int)
+@config_options(PolicyConfig, exclude=("block_size",))  # the profile gives the block size the engine had
 @click.option("--arrivals", default="poisson", show_default=True, help="poisson, gamma, closed or trace.")
 @click.option("--rate", type=float, default=None, help="Arrival rate of the cluster, requests/s.")
 @click.option("--load", type=float, default=0.8, show_default=True,
@@ -34,7 +32,6 @@ from sim.sla_options import sla_options
 @click.option("--output-len", default="normal:128:0.3", show_default=True, help="Same forms as --prompt-len.")
 @click.option("--max-prompt-len", default=4000, show_default=True, type=int,
               help="Clip sampled prompts to this many tokens (FastGen's benchmark uses 4000).")
-@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True)
 @click.option("--noise/--no-noise", default=True, show_default=True, help="Pass-time noise from the profile.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--replications", default=1, show_default=True, type=int,
@@ -61,13 +58,11 @@ def simulate(**options):
         raise click.UsageError(str(e)) from None
 
 
-def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arrivals, rate, load, cv, clients,
-         trace, num_requests, prompt_len, output_len, max_prompt_len, prefix_caching, noise, seed, replications,
-         warmup, cooldown, sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, rates, sweep, sla_target, out,
-         progress):
-    options = dict(locals())
-    from engine.load_balancer import make_balancer
-    from engine.scheduler import SCHEDULERS
+def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_requests, prompt_len, output_len,
+         max_prompt_len, noise, seed, replications, warmup, cooldown, sla_gen_rate, sla_prompt_rate, cumulative_sla,
+         goodput, rates, sweep, sla_target, out, progress, **policy_options):
+    options = {**locals(), **policy_options}
+    del options["policy_options"]
     from sim.capacity import estimate_capacity, load_sweep, max_rate_meeting
     from sim.cluster import ClusterConfig, simulate
     from sim.costs import describe, load_cost_model
@@ -76,9 +71,7 @@ def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arr
 
     if progress is None:
         progress = sys.stderr.isatty()
-    make_balancer(balancer)  # fail fast on a bad name
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"--scheduler {scheduler!r}: choose one of {', '.join(sorted(SCHEDULERS))}")
+    policy = PolicyConfig(**pick(PolicyConfig, policy_options))
     if replications < 1:
         raise ValueError(f"--replications must be >= 1, got {replications}")
     if rate is not None and not rate > 0:
@@ -86,8 +79,7 @@ def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arr
     if not 0 < load:
         raise ValueError(f"--load must be > 0, got {load}")
     cost = load_cost_model(profile)
-    config = ClusterConfig(cost, replicas=replicas, scheduler=scheduler, token_budget=token_budget,
-                           max_num_seqs=max_num_seqs, balancer=balancer, prefix_caching=prefix_caching, noise=noise)
+    config = ClusterConfig(cost, replicas=replicas, policy=policy, noise=noise)
     config.costs()
     sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
               goodput=parse_goodput(goodput))
@@ -95,14 +87,15 @@ def _run(profile, replicas, balancer, scheduler, token_budget, max_num_seqs, arr
                         prompt=parse_length(prompt_len, "--prompt-len"),
                         output=parse_length(output_len, "--output-len"), trace=trace,
                         max_prompt_tokens=max_prompt_len)
-    capacity = estimate_capacity(cost, workload, replicas, token_budget)
+    capacity = estimate_capacity(config, workload)
     if workload.arrivals in ("poisson", "gamma") and rate is None:
         workload.rate = load * capacity
     workload.validate()
     click.echo(f"profile: {describe(cost)}")
     if cost.meta.get("kind") != "measured":
         click.echo(f"  NOT a measured profile (kind {cost.meta.get('kind')!r}): {cost.meta.get('note', '')}")
-    click.echo(f"cluster: {replicas} x {scheduler} (token budget {token_budget}), balancer {balancer}; "
+    click.echo(f"cluster: {replicas} x {policy.scheduler} (token budget {policy.token_budget}), balancer "
+               f"{policy.balancer}; "
                f"workload: {workload.arrivals}" + (f" at {workload.rate:.3g} req/s" if workload.rate else "")
                + f", {num_requests if arrivals != 'trace' else 'trace'} requests; est. capacity {capacity:.3g} req/s")
 

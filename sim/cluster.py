@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
-from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
-from engine.load_balancer import ReplicaLoad, make_balancer
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.policy import BatchPlan, PolicyConfig, ReplicaLoad, Request, SamplingParams, make_balancer
+from sim.costs import CostModel
 from sim.replica import Replica
 from sim.request_log import RequestLog
 from sim.workload import RequestTable, Workload
@@ -21,24 +19,18 @@ from sim.workload import RequestTable, Workload
 
 @dataclass
 class ClusterConfig:
-    """``cost`` is one cost model for every replica or a list with one per replica."""
+    """``replicas`` replicas behind one load balancer, each running ``policy`` (its scheduler, token budget,
+    ``max_num_seqs``, prefix caching; the balancer) on ``cost``: one cost model for every replica or a list with
+    one per replica. ``noise``: draw pass times from the profile's measured spread."""
 
-    cost: object
+    cost: CostModel | list[CostModel]
     replicas: int = 1
-    scheduler: str = "splitfuse"
-    token_budget: int = 768
-    max_num_seqs: int = 256
-    balancer: str = "round-robin"
-    prefix_caching: bool = True
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     noise: bool = True
 
-    def costs(self) -> list:
+    def costs(self) -> list[CostModel]:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.token_budget < 1:
-            raise ValueError(f"--token-budget must be >= 1, got {self.token_budget}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
         if isinstance(self.cost, (list, tuple)):
             if len(self.cost) != self.replicas:
                 raise ValueError(f"{len(self.cost)} cost models for {self.replicas} replicas")
@@ -105,7 +97,7 @@ class _Loads(Sequence):
 
     def __getitem__(self, i: int) -> ReplicaLoad:
         r = self.replicas[i]
-        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, r.block_manager.usage)
+        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, r.kv_usage_now)
 
 
 def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
@@ -123,11 +115,12 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
             raise ValueError(f"request row {j} (prompt {int(prompts[j])}, output {int(outputs[j])} tokens) can never "
                              f"run on replica {i}: its KV cache holds {cost.num_kv_blocks} blocks of "
                              f"{cost.block_size} tokens, context limit {limit}")
-        if config.scheduler != "splitfuse":
+        policy = config.policy
+        if policy.scheduler != "splitfuse":
             longest = prompts + outputs - 1
             j = int(np.argmax(longest))
-            if longest[j] > config.token_budget:
-                raise ValueError(f"--token-budget {config.token_budget} is too small for {config.scheduler}: "
+            if longest[j] > policy.token_budget:
+                raise ValueError(f"--token-budget {policy.token_budget} is too small for {policy.scheduler}: "
                                  f"request row {j} needs whole passes of up to {int(longest[j])} tokens")
 
 
@@ -138,7 +131,8 @@ PARALLEL_MIN_REQUESTS = 20_000  # below this, starting worker processes costs mo
 
 
 def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
-             cooldown: float = 0.0, progress: bool = False, workers: int | None = None) -> SimResult:
+             cooldown: float = 0.0, progress: bool = False, workers: int | None = None,
+             on_pass: Callable[[int, BatchPlan, float, float], None] | None = None) -> SimResult:
     """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
     the statistics.
 
@@ -146,6 +140,9 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     balancer in ``STATE_FREE_BALANCERS`` and open-loop arrivals; otherwise the run stays in this process. Every
     worker replays the whole arrival sequence and simulates its own replicas, so each request's results are
     exactly those of the single-process run.
+
+    ``on_pass(replica, plan, start, end)`` is called after every simulated pass, before the scheduler applies it
+    (a pass-level trace; the run then stays in this process).
     """
     costs = config.costs()
     table = workload if isinstance(workload, RequestTable) else workload.generate(seed)
@@ -160,22 +157,23 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if workers is None:
         workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
     workers = min(workers, len(costs))
-    if workers > 1 and not clients and config.balancer in STATE_FREE_BALANCERS and _can_fork():
+    if (workers > 1 and not clients and on_pass is None and config.policy.balancer in STATE_FREE_BALANCERS
+            and _can_fork()):
         log, stats = _simulate_parallel(table, costs, config, seed, measured, workers, progress)
     else:
-        log, stats = _run(table, costs, config, seed, measured, clients, progress)
+        log, stats = _run(table, costs, config, seed, measured, clients, progress, on_pass=on_pass)
     return _result(log, stats, config, seed)
 
 
 def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, measured: tuple[int, int],
          clients: int = 0, progress: bool = False, choices: list[int] | None = None,
-         own: set[int] | None = None) -> tuple[RequestLog, list[dict]]:
+         own: set[int] | None = None, on_pass=None) -> tuple[RequestLog, list[dict]]:
     """Simulate in this process. ``choices`` (the replica of each request, decided beforehand) and ``own`` (the
     replicas simulated here; requests for others are skipped) are for a worker of ``_simulate_parallel``."""
     n = len(table)
     env = simpy.Environment()
     log = RequestLog(*measured)
-    balancer = make_balancer(config.balancer, seed)
+    balancer = make_balancer(config.policy.balancer, seed)
     bar = _progress_bar(n) if progress else None
     waiters: dict[int, simpy.Event] = {}
 
@@ -188,25 +186,27 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
             if event is not None:
                 event.succeed()
 
-    replicas = [Replica(env, i, cost, config.scheduler, config.token_budget, config.max_num_seqs,
-                        config.prefix_caching, config.noise, seed, on_finish) if own is None or i in own else None
-                for i, cost in enumerate(costs)]
+    replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass)
+                if own is None or i in own else None for i, cost in enumerate(costs)]
     loads = _Loads(replicas)
     choose = balancer.choose
     prompts = table.prompt_tokens.tolist()
     outputs = table.output_tokens.tolist()
     prefix_ids = table.prefix_ids.tolist() if table.prefix_ids is not None else None
     prefix_lens = table.prefix_lens.tolist() if table.prefix_lens is not None else None
+    params: dict[int, SamplingParams] = {}  # one per output length: requests only read them
 
     def send(i: int) -> None:
         replica = replicas[choose(loads) if choices is None else choices[i]]
         if replica is None:  # another worker's replica
             return
-        request = Request(i, None, SamplingParams(max_tokens=outputs[i], ignore_eos=True), env.now,
+        n = outputs[i]
+        if n not in params:
+            params[n] = SamplingParams(max_tokens=n, ignore_eos=True)
+        request = Request(i, None, params[n], env.now,
                           num_prompt_tokens=prompts[i],
                           prefix_id=prefix_ids[i] if prefix_ids else None,
-                          prefix_len=prefix_lens[i] if prefix_lens else 0, record_token_times=False)
-        request.token_times = array("d")  # compact, and flattened for the statistics in one copy
+                          prefix_len=prefix_lens[i] if prefix_lens else 0)
         replica.submit(request)
 
     def open_loop():
@@ -251,7 +251,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
     if len(log) != expected:
         raise RuntimeError(f"simulation ended with {expected - len(log)} of {expected} requests unfinished")
     log.flush()
-    return log, [_replica_stats(r) for r in replicas if r is not None]
+    return log, [r.stats() for r in replicas if r is not None]
 
 
 def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, seed: int,
@@ -260,7 +260,7 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
     ``workers`` processes (replica i in worker i % workers), and merge their logs."""
     import multiprocessing
 
-    choose = make_balancer(config.balancer, seed).choose
+    choose = make_balancer(config.policy.balancer, seed).choose
     everyone = range(len(costs))  # state-free balancers only look at how many replicas there are
     choices = [choose(everyone) for _ in range(len(table))]
     jobs = [(table, costs, config, seed, measured, choices, set(range(w, len(costs), workers)))
@@ -296,13 +296,6 @@ def _can_fork() -> bool:
 def _worker(w: int) -> tuple[RequestLog, list[dict]]:
     table, costs, config, seed, measured, choices, own = _FORKED_JOBS[w]
     return _run(table, costs, config, seed, measured, choices=choices, own=own)
-
-
-def _replica_stats(r: Replica) -> dict:
-    """What the result keeps of a replica (plain data, so that it can come back from a worker process)."""
-    return {"index": r.index, "requests": r.num_requests, "passes": r.num_passes, "busy_time": r.busy_time,
-            "preemptions": r.scheduler.num_preemptions, "tokens_per_pass": r.tokens_per_pass,
-            "kv_times": r.kv_times, "kv_usage": r.kv_usage, "kv_blocks": r.block_manager.num_blocks}
 
 
 def _progress_bar(total: int):

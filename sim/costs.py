@@ -1,27 +1,34 @@
-"""Cost models the replica can run on: shipped calibration profiles, plus small analytic ones for tests.
-
-Every cost model has the profile interface: ``predict_plan(plan)`` (median seconds of one pass),
-``predict(features)``, ``sample_factor(rng)`` (multiplicative noise), ``block_size``, ``num_kv_blocks``,
-``max_model_len`` and ``meta``.
-"""
+"""Cost models a simulated replica runs on: what it needs from one (``CostModel``), shipped calibration profiles,
+and small analytic models for tests."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.policy import PassFeatures
 
 DEFAULT_PROFILE = "llama-2-7b"
 BUILTIN = "builtin-llama-2-7b"
-_STANDARD_NORMAL = None  # statistics.NormalDist(), imported on first use (only LinearCost's noise needs it)
 
 
-def _standard_normal():
-    global _STANDARD_NORMAL
-    if _STANDARD_NORMAL is None:
-        from statistics import NormalDist
+class CostModel(Protocol):
+    """What a simulated replica needs: the KV geometry the engine gets on the card, and what a pass costs.
 
-        _STANDARD_NORMAL = NormalDist()
-    return _STANDARD_NORMAL
+    ``predict`` gives the median seconds of one engine step from ``plan_features(plan)``; ``noise_factors`` maps
+    a block of uniform draws in [0, 1) to multiplicative factors on those medians (the spread of measured pass
+    times), one per draw, in order. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
+    """
+
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int | None
+    meta: dict
+
+    def predict(self, features: PassFeatures) -> float: ...
+
+    def noise_factors(self, uniforms) -> list[float]: ...
 
 
 @dataclass
@@ -34,14 +41,11 @@ class ConstantCost:
     max_model_len: int | None = None
     meta: dict = field(default_factory=lambda: {"kind": "constant"})
 
-    def predict_plan(self, plan) -> float:
+    def predict(self, features: PassFeatures) -> float:
         return self.seconds
 
-    def predict(self, features) -> float:
-        return self.seconds
-
-    def sample_factor(self, rng) -> float:
-        return 1.0
+    def noise_factors(self, uniforms) -> list[float]:
+        return [1.0] * len(uniforms)
 
 
 @dataclass
@@ -60,24 +64,17 @@ class LinearCost:
     max_model_len: int | None = None
     meta: dict = field(default_factory=lambda: {"kind": "linear"})
 
-    def predict_plan(self, plan) -> float:
-        d = plan.num_decodes
-        starts, new = plan.start_positions, plan.num_new_tokens
-        t = self.base + self.per_token * (d + plan.num_prefill_tokens) + self.per_seq * len(new)
-        if d:
-            t += self.per_decode_context * (sum(starts[:d]) + d)
-        if self.per_attention:
-            t += self.per_attention * sum(new[i] * (starts[i] + new[i]) for i in range(d, len(new)))
-        return t
+    def predict(self, f: PassFeatures) -> float:
+        return (self.base + self.per_token * f.num_tokens + self.per_seq * f.num_seqs
+                + self.per_decode_context * f.decode_context + self.per_attention * f.prefill_attention)
 
-    def predict(self, f) -> float:
-        return (self.base + self.per_token * f["num_tokens"] + self.per_seq * f["num_seqs"]
-                + self.per_decode_context * f["decode_context"] + self.per_attention * f["prefill_attention"])
-
-    def sample_factor(self, rng) -> float:
+    def noise_factors(self, uniforms) -> list[float]:
         if not self.noise_sigma:
-            return 1.0
-        return math.exp(self.noise_sigma * (_STANDARD_NORMAL or _standard_normal()).inv_cdf(rng.random()))
+            return [1.0] * len(uniforms)
+        from statistics import NormalDist
+
+        inv_cdf, sigma = NormalDist().inv_cdf, self.noise_sigma
+        return [math.exp(sigma * inv_cdf(u)) for u in uniforms.tolist()]
 
 
 def builtin_llama_2_7b() -> LinearCost:
@@ -91,7 +88,7 @@ def builtin_llama_2_7b() -> LinearCost:
                             "note": "built-in roofline figures, not a measured profile"})
 
 
-def load_cost_model(name: str = DEFAULT_PROFILE):
+def load_cost_model(name: str = DEFAULT_PROFILE) -> CostModel:
     """A shipped profile by name or path (``calibration.profile.load_profile``), or ``builtin-llama-2-7b``.
 
     The default name falls back to the built-in figures only while no llama-2-7b profile ships.
@@ -108,7 +105,7 @@ def load_cost_model(name: str = DEFAULT_PROFILE):
         raise ValueError(f"--profile: {e} (or {BUILTIN!r} for built-in figures)") from None
 
 
-def describe(cost) -> str:
+def describe(cost: CostModel) -> str:
     """One line naming the model, card and kind of a cost model."""
     m = getattr(cost, "meta", {}) or {}
     return (f"{m.get('model', '?')} on {m.get('card', '?')} ({m.get('kind', '?')}); "

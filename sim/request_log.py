@@ -45,9 +45,7 @@ class RequestLog:
         c["output_tokens"].append(request.num_output_tokens)
         c["preemptions"].append(request.num_preemptions)
         c["cached_tokens"].append(request.num_cached_tokens)
-        times = request.token_times
-        request.token_times = None
-        self._pending.append(times if times is not None else [])
+        self._pending.append(request.token_times)
         self._pending_measured.append(self.measured_from <= rid and (self.measured_to is None
                                                                      or rid < self.measured_to))
         if len(self._pending) >= BATCH:

@@ -13,7 +13,7 @@ from calibration import cost_model, plans
 from calibration.fitting import build_profile, split_points
 from calibration.profile import FORMAT, VERSION, Profile, load_profile, shipped_profiles
 from calibration.profile import resolve as profile_path
-from engine.block_manager import BlockManager
+from engine.policy import PassFeatures, plan_features
 
 KNOTS = (256.0, 1024.0)
 TRUE = {"intercept": 4e-3, "tokens": 2e-6, "hinge_0": 2.5e-5, "hinge_1": 1e-5, "decode_context": 2e-8,
@@ -23,6 +23,12 @@ MIXED = {**TRUE, "intercept": 2e-3, "tokens": 3e-6, "hinge_0": 1.5e-5, "num_seqs
 BUCKETS = list(range(16, 257, 16)) + list(range(320, 1025, 64))  # as the engine's mixed graphs, capped at 1024
 
 
+def F(point=None, **values) -> PassFeatures:
+    """Features from a point (a dict with more keys) and/or values; features given neither are 0."""
+    values = {**(point or {}), **values}
+    return PassFeatures(*(values.get(n, 0) for n in PassFeatures._fields))
+
+
 META = {"model": "synthetic", "card": "none", "dtype": "bf16", "tensor_parallel": 1, "kind": "analytic"}
 
 
@@ -30,15 +36,15 @@ def synthetic_points(model, seed: int = 0, noise: float = 0.002) -> list[dict]:
     rng = np.random.default_rng(seed)
     points = []
     for spec in plans.sweep_specs(4096, 6000, 16, seed=seed):
-        f = plans.spec_features(spec)
-        t = model.predict(f)
+        f = plan_features(spec)._asdict()
+        t = model.predict(F(f))
         reps = sorted(t * float(x) for x in np.exp(rng.normal(0.0, noise, size=5)))
         points.append({"sweep": spec.sweep, **f, "wall_s": reps[2], "wall_repeats": reps})
     return points
 
 
 def truth_model() -> cost_model.PassModel:
-    return cost_model.PassModel(cost_model.CostModel(KNOTS, GRAPH), cost_model.CostModel(KNOTS, TRUE), 256)
+    return cost_model.PassModel(cost_model.HingeModel(KNOTS, GRAPH), cost_model.HingeModel(KNOTS, TRUE), 256)
 
 
 def synthetic_profile(**kw) -> Profile:
@@ -48,8 +54,8 @@ def synthetic_profile(**kw) -> Profile:
 
 def truth_model_3(floor=None) -> cost_model.PassModel:
     """Decode graph, mixed graph (its passes padded to ``BUCKETS``) and eager, each with its own parameters."""
-    return cost_model.PassModel(cost_model.CostModel(KNOTS, GRAPH, floor), cost_model.CostModel(KNOTS, TRUE, floor),
-                                256, cost_model.CostModel(KNOTS, MIXED, floor), BUCKETS)
+    return cost_model.PassModel(cost_model.HingeModel(KNOTS, GRAPH, floor), cost_model.HingeModel(KNOTS, TRUE, floor),
+                                256, cost_model.HingeModel(KNOTS, MIXED, floor), BUCKETS)
 
 
 def synthetic_profile_3() -> Profile:
@@ -102,18 +108,18 @@ def test_mixed_path_pads_tokens_to_the_bucket():
     model = truth_model_3()
     f = {"decode_context": 5000, "prefill_attention": 90000, "num_seqs": 4, "prefill_seqs": 1}
     mixed, eager = model.mixed.predict, model.eager.predict
-    assert model.predict({**f, "num_tokens": 300}) == mixed({**f, "num_tokens": 320})
-    assert model.predict({**f, "num_tokens": 320}) == mixed({**f, "num_tokens": 320})
-    assert model.predict({**f, "num_tokens": 5}) == mixed({**f, "num_tokens": 16})
-    assert model.predict({**f, "num_tokens": 1024}) == mixed({**f, "num_tokens": 1024})
-    assert model.predict({**f, "num_tokens": 1025}) == eager({**f, "num_tokens": 1025})
+    assert model.predict(F(f, num_tokens=300)) == mixed(F(f, num_tokens=320))
+    assert model.predict(F(f, num_tokens=320)) == mixed(F(f, num_tokens=320))
+    assert model.predict(F(f, num_tokens=5)) == mixed(F(f, num_tokens=16))
+    assert model.predict(F(f, num_tokens=1024)) == mixed(F(f, num_tokens=1024))
+    assert model.predict(F(f, num_tokens=1025)) == eager(F(f, num_tokens=1025))
     decode = {"num_tokens": 300, "decode_context": 5000, "prefill_attention": 0, "num_seqs": 300, "prefill_seqs": 0}
-    assert model.predict(decode) == eager(decode)  # a decode batch past graph_max_batch is eager, not padded
-    assert model.predict({**decode, "num_tokens": 200, "num_seqs": 200}) == model.graph.predict(
-        {**decode, "num_tokens": 200, "num_seqs": 200})
+    assert model.predict(F(decode)) == eager(F(decode))  # a decode batch past graph_max_batch is eager, not padded
+    assert model.predict(F(decode, num_tokens=200, num_seqs=200)) == model.graph.predict(
+        F(decode, num_tokens=200, num_seqs=200))
     pts = synthetic_points(model, noise=0.0)
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
-    np.testing.assert_allclose(model.predict_array(X), [model.predict(p) for p in pts], rtol=1e-12)
+    np.testing.assert_allclose(model.predict_array(X), [model.predict(F(p)) for p in pts], rtol=1e-12)
     assert set(model.paths(X)) == {"graph", "mixed", "eager"}
 
 
@@ -127,11 +133,11 @@ def test_model_without_mixed_keys_loads_and_keeps_mixed_passes_eager():
     assert loaded.mixed is None and loaded.mixed_buckets == []
     assert "mixed" not in loaded.to_dict() and "mixed_buckets" not in loaded.to_dict()
     for p in synthetic_points(three, noise=0.0)[:80]:
-        assert loaded.predict(p) == (three.graph if p["num_tokens"] == p["num_seqs"] <= 256 else three.eager
-                                     ).predict(p)
+        assert loaded.predict(F(p)) == (three.graph if p["num_tokens"] == p["num_seqs"] <= 256 else three.eager
+                                        ).predict(F(p))
     again = cost_model.PassModel.from_dict(json.loads(json.dumps(d)))
     for p in synthetic_points(three, noise=0.0)[:80]:
-        assert again.predict(p) == three.predict(p)
+        assert again.predict(F(p)) == three.predict(F(p))
 
 def test_measured_profiles_know_the_engines_pass_graphs():
     """Measured profiles carry the mixed-graph path with the engine's own buckets; analytic ones have none."""
@@ -193,7 +199,7 @@ def test_a_path_without_points_borrows_the_eager_fit():
 
 
 def test_fit_drops_knots_without_data_and_predicts_through_segments():
-    pts = [p for p in synthetic_points(cost_model.CostModel(KNOTS, TRUE)) if p["num_tokens"] <= 900]
+    pts = [p for p in synthetic_points(cost_model.HingeModel(KNOTS, TRUE)) if p["num_tokens"] <= 900]
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
     model = cost_model.fit(X, np.array([p["wall_s"] for p in pts]), (256.0, 1024.0, 100000.0))
     assert model.knots == [256.0]
@@ -213,8 +219,7 @@ def test_knots_inside_a_stretch_without_data_are_dropped():
     y = (5e-3 + 2e-5 * T) * np.exp(rng.normal(0, 0.002, T.size))
     model = cost_model.fit(X, y, cost_model.DENSE_KNOTS)
     assert 640.0 not in model.knots
-    between = {**{n: 0.0 for n in cost_model.FEATURES}, "num_tokens": 640.0}
-    assert model.predict(between) == pytest.approx(5e-3 + 2e-5 * 640, rel=0.01)
+    assert model.predict(F(num_tokens=640.0)) == pytest.approx(5e-3 + 2e-5 * 640, rel=0.01)
 
 
 def test_a_one_sequence_decode_step_can_differ_from_the_batch_line():
@@ -234,7 +239,7 @@ def test_a_one_sequence_decode_step_can_differ_from_the_batch_line():
 
 
 def test_fit_recovers_a_host_floor():
-    truth = cost_model.CostModel(KNOTS, TRUE, {"floor": 1.6e-2, "floor_seqs": 2e-5, "floor_tokens": 0.0})
+    truth = cost_model.HingeModel(KNOTS, TRUE, {"floor": 1.6e-2, "floor_seqs": 2e-5, "floor_tokens": 0.0})
     pts = synthetic_points(truth, noise=0.001)
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
     y = np.array([p["wall_s"] for p in pts])
@@ -249,7 +254,7 @@ def test_scalar_and_vector_predictions_agree():
     model = truth_model()
     pts = synthetic_points(model, noise=0.0)[:50]
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
-    np.testing.assert_allclose(model.predict_array(X), [model.predict(p) for p in pts], rtol=1e-12)
+    np.testing.assert_allclose(model.predict_array(X), [model.predict(F(p)) for p in pts], rtol=1e-12)
 
 
 def test_heldout_split_is_per_sweep_and_seeded():
@@ -267,7 +272,7 @@ def test_save_load_round_trip(tmp_path):
     assert (loaded.block_size, loaded.num_kv_blocks, loaded.max_model_len) == (16, 6000, 4096)
     assert loaded.points == profile.points and loaded.noise == profile.noise
     for p in profile.points[:40]:
-        assert loaded.predict(p) == profile.predict(p)
+        assert loaded.predict(F(p)) == profile.predict(F(p))
 
 
 def _write(tmp_path, data) -> str:
@@ -319,90 +324,26 @@ def test_shipped_profiles_load_with_capacity_and_heldout_errors():
         assert p.fit["heldout"]["n"] > 0
 
 
-def test_predict_plan_equals_predict_of_features():
-    profile = synthetic_profile()
+def test_a_specs_features_are_those_of_its_plan():
+    """Calibration fits on ``plan_features(spec)``; the simulator predicts from ``plan_features(plan)`` of the
+    plan ``build_plan`` makes from that spec (the same function on both)."""
     rng = np.random.default_rng(1)
     specs = plans.sweep_specs(4096, 6000, 16, seed=1)
     for spec in specs[:: max(1, len(specs) // 60)]:
-        _, plan, _ = plans.build_plan(spec, BlockManager(6000, 16), rng, 32000, 4096)
-        assert plan.features() == plans.spec_features(spec)
-        assert profile.predict_plan(plan) == profile.predict(plan.features())
+        _, plan, _ = plans.build_plan(spec, 6000, 16, rng, 32000, 4096)
+        assert plan_features(plan) == plan_features(spec)
 
 
-def _plan(rng, num_decodes: int, chunks: list[int]):
-    from engine.request import Request
-    from engine.scheduler import BatchPlan
-
-    plan = BatchPlan()
-    for _ in range(num_decodes):
-        plan.requests.append(Request("d", num_prompt_tokens=1))
-        plan.start_positions.append(int(rng.integers(0, 4000)))
-        plan.num_new_tokens.append(1)
-        plan.num_decodes += 1
-    for n in chunks:
-        plan.requests.append(Request("p", num_prompt_tokens=n))
-        plan.start_positions.append(int(rng.integers(0, 3000)))
-        plan.num_new_tokens.append(n)
-        plan.num_prefill_tokens += n
-    return plan
-
-
-def test_predict_plan_equals_predict_of_features_on_every_path():
-    # predict_plan inlines every path's coefficients: it must stay bit-identical to predict(features()), on
-    # decode-only passes (graph path, up to and past graph_max_batch), mixed-graph passes (at, inside and past
-    # the largest bucket) and eager ones, with and without a floor.
-    floor = {"floor": 1.2e-2, "floor_seqs": 2e-5, "floor_tokens": 1e-6}
-    meta = synthetic_profile().meta
-    profiles = [load_profile(name) for name in shipped_profiles()]
-    profiles += [synthetic_profile(), synthetic_profile_3(), Profile(meta, 16, 6000, 4096, truth_model_3(floor))]
-    assert any(p.model.mixed is not None and p.model.mixed.floor is not None for p in profiles)
-    rng = np.random.default_rng(5)
-    for profile in profiles:
-        gmb = profile.model.graph_max_batch
-        plans_ = []
-        for _ in range(300):
-            d = int(rng.choice([1, 2, 7, gmb, gmb + 1, int(rng.integers(1, 300))]))
-            chunks = [int(rng.integers(1, 2048)) for _ in range(int(rng.integers(0, 3)) if d > 1
-                                                                 else int(rng.integers(1, 3)))]
-            plans_.append(_plan(rng, d, chunks))
-        for b in BUCKETS[:3] + BUCKETS[-3:]:  # token counts at, just inside and just past buckets
-            for t in (b - 1, b, b + 1):
-                d = int(rng.integers(0, min(t - 1, 40)))
-                plans_.append(_plan(rng, d, [t - d]))
-        paths = set()
-        for plan in plans_:
-            f = plan.features()
-            assert profile.predict_plan(plan) == profile.predict(f), profile
-            paths.add(str(profile.model.paths({k: np.array([v]) for k, v in f.items()})[0]))
-        assert paths == ({"graph", "mixed", "eager"} if profile.model.mixed is not None else {"graph", "eager"})
-
-
-def test_noise_factors_equal_sample_factor_draws():
+def test_noise_factors_draw_from_measured_spread():
     profile = synthetic_profile()
     u = np.random.default_rng(3).random(5000)
-
-    class Fixed:
-        def __init__(self, values):
-            self.values = iter(values.tolist())
-
-        def random(self):
-            return next(self.values)
-
-    fixed = Fixed(u)
-    assert profile.noise_factors(u) == [profile.sample_factor(fixed) for _ in range(len(u))]
-    quiet = Profile(profile.meta, 16, 10, 100, profile.model)
-    assert quiet.noise_factors(u[:3]) == [1.0, 1.0, 1.0]
-
-
-def test_sample_factor_draws_from_measured_spread():
-    profile = synthetic_profile()
-    draws = [profile.sample_factor(np.random.default_rng(7)) for _ in range(3)]
-    assert draws[0] == draws[1] == draws[2]
-    many = np.array([profile.sample_factor(np.random.default_rng(i)) for i in range(2000)])
+    factors = profile.noise_factors(u)
+    assert factors == [profile.noise[int(x * len(profile.noise))] for x in u]  # the documented draw
+    many = np.array(factors)
     assert min(profile.noise) <= many.min() and many.max() <= max(profile.noise)
     assert 0.001 < np.std(many) < 0.01 and abs(np.median(many) - 1.0) < 0.005
     quiet = Profile(profile.meta, 16, 10, 100, profile.model)
-    assert quiet.sample_factor(np.random.default_rng(0)) == 1.0
+    assert quiet.noise_factors(u[:3]) == [1.0, 1.0, 1.0]
 
 
 def test_profile_module_does_not_import_torch():
@@ -417,7 +358,7 @@ def test_format_constant_written():
 
 
 def test_knot_selection_by_cross_validation_finds_a_kink_coarse_knots_miss():
-    truth = cost_model.CostModel((2048.0,), {**{k: v for k, v in TRUE.items() if not k.startswith("hinge")},
+    truth = cost_model.HingeModel((2048.0,), {**{k: v for k, v in TRUE.items() if not k.startswith("hinge")},
                                              "hinge_0": 6e-5})
     pts = synthetic_points(truth)
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}

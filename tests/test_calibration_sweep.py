@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 from calibration import plans  # noqa: E402
 from calibration.cli import profile as profile_cmd  # noqa: E402
 from calibration.sweep import read_points, run_sweep  # noqa: E402
+from engine.policy import plan_features  # noqa: E402
 
 SPECS = [plans.PassSpec("prefill", chunks=((0, n, 0),)) for n in (3, 17, 40, 64, 100)]
 SPECS += [plans.PassSpec("decode", decode_contexts=(c,) * b) for b, c in ((1, 20), (4, 33), (6, 70), (9, 17), (2, 90))]
@@ -30,7 +31,7 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
     assert [p["key"] for p in points] == [s.key for s in SPECS[:4]]
     assert header["mixed_graph_buckets"] == []  # no CUDA graphs on the CPU
     for p, s in zip(points, SPECS):
-        assert {k: p[k] for k in plans.spec_features(s)} == plans.spec_features(s)
+        assert {k: p[k] for k in plan_features(s)._fields} == plan_features(s)._asdict()
         assert p["graph_tokens"] is None
         assert p["wall_s"] >= p["run_s"] > 0 and len(p["wall_repeats"]) >= 3
     lines_before = len(path.read_text().splitlines())
@@ -58,7 +59,6 @@ def test_measure_records_the_graph_path_and_its_padded_tokens():
     import numpy as np
 
     from calibration.sweep import measure, mixed_graph_buckets
-    from engine.block_manager import BlockManager
 
     def padded_tokens(plan):
         return next((b for b in (16, 64) if b >= plan.num_tokens), None) if plan.num_tokens > plan.num_seqs else None
@@ -70,7 +70,7 @@ def test_measure_records_the_graph_path_and_its_padded_tokens():
     graphs = SimpleNamespace(mixed_buckets=(16, 64), padded_tokens=padded_tokens)
     runner = SimpleNamespace(graphs=graphs, uses_graph=lambda plan: plan.num_tokens <= 64)
     llm = SimpleNamespace(runner=runner, model_config=SimpleNamespace(vocab_size=100),
-                          block_manager=BlockManager(64, 16), max_model_len=512)
+                          num_kv_blocks=64, block_size=16, max_model_len=512)
     assert mixed_graph_buckets(llm) == [16, 64]
     rng = np.random.default_rng(0)
     cases = [(SPECS[1], True, 64), (SPECS[4], False, None), (SPECS[-2], True, 16), (SPECS[-1], True, 64),

@@ -95,7 +95,7 @@ def test_engine_streams_one_token_per_step_and_aborts(hf_checkpoint):
         if len(streamed) >= 3 and not aborted:
             assert engine.abort(dropped)
             aborted = True
-    assert not engine.abort(dropped) and engine.block_manager.num_free_blocks == 64
+    assert not engine.abort(dropped) and engine.stats().num_free_blocks == 64
     assert streamed == finished.token_ids == hf_greedy(hf_model, prompts[:1])[0]
 
 

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from engine.load_balancer import BALANCERS, ReplicaLoad, make_balancer
+from engine.policy import BALANCERS, ReplicaLoad, make_balancer
 
 
 def loads(*requests, tokens=None, kv=None):
@@ -49,5 +49,5 @@ def test_load_balancer_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, engine.load_balancer, sim.cluster; assert 'torch' not in sys.modules"
+    code = "import sys, engine.policy.load_balancer, sim.cluster; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -25,16 +25,8 @@ def drive(engine: LLMEngine, events: dict[int, list]) -> tuple[dict, list]:
     """Run until done, applying ``events[step]`` (("add", id, prompt, params) or ("abort", id)) before each step;
     returns every request's tokens and finish reason, and each pass's plan as (request id, position) pairs."""
     plans, results = [], {}
-    schedule = engine.scheduler.schedule
-
-    def recording(*a, **kw):
-        plan = schedule(*a, **kw)
-        if plan is not None:
-            plans.append([(r.request_id, p, n) for r, p, n in zip(plan.requests, plan.start_positions,
-                                                                     plan.num_new_tokens)])
-        return plan
-
-    engine.scheduler.schedule = recording
+    engine.scheduler.observe(lambda plan: plans.append(
+        [(r.request_id, p, n) for r, p, n in zip(plan.requests, plan.start_positions, plan.num_new_tokens)]))
     step = 0
     while step <= max(events) or engine.has_unfinished():
         for event in events.get(step, []):

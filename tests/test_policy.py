@@ -9,8 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import BlockManager, Request, RequestState, SamplingParams, make_scheduler
-from engine.scheduler import SCHEDULERS
+from engine.policy import SCHEDULERS, BlockManager, PolicyConfig, Request, RequestState, SamplingParams
+from engine.policy import make_scheduler as make_policy_scheduler
+
+
+def make_scheduler(name: str, num_blocks: int, block_size: int, max_model_len: int | None = None, **policy):
+    """A scheduler by name with its own block manager of ``num_blocks`` blocks."""
+    return make_policy_scheduler(PolicyConfig(scheduler=name, block_size=block_size, **policy), num_blocks,
+                                 max_model_len)
 
 
 def make_request(rid, prompt_len, max_tokens, arrival=0.0, vocab=None, prefix=None):
@@ -24,9 +30,10 @@ def make_request(rid, prompt_len, max_tokens, arrival=0.0, vocab=None, prefix=No
 def check_blocks(bm: BlockManager, requests) -> None:
     """Reference counts equal table membership; free blocks are exactly the unreferenced ones."""
     owners = Counter(b for r in requests for b in r.block_table)
+    counts, free = bm.ref_counts, set(bm.free_blocks)  # snapshots
     for block in range(bm.num_blocks):
-        assert bm.ref_counts[block] == owners.get(block, 0), block
-        assert (block in bm.free_blocks) == (owners.get(block, 0) == 0), block
+        assert counts[block] == owners.get(block, 0), block
+        assert (block in free) == (owners.get(block, 0) == 0), block
     for r in requests:
         assert len(r.block_table) == len(set(r.block_table)), "a request holds one block twice"
         if r.state is RequestState.RUNNING:
@@ -82,17 +89,16 @@ def test_every_request_finishes_once_and_nothing_leaks(lengths, arrivals, block_
                 for i, (p, o) in enumerate(lengths)]
     longest = max(r.num_prompt_tokens + r.max_tokens for r in requests)
     num_blocks = -(-longest // block_size) + spare_blocks  # the largest request always fits alone
-    bm = BlockManager(num_blocks, block_size)
     budget = longest if name != "splitfuse" else max(1, longest // 3)
-    sched = make_scheduler(name, bm, token_budget=budget, max_num_seqs=max_seqs)
+    sched = make_scheduler(name, num_blocks, block_size, token_budget=budget, max_num_seqs=max_seqs)
     run_to_completion(sched, requests, arrivals_per_pass=arrivals, fake_tokens=prefix_tokens)
 
 
 @settings(max_examples=40, deadline=None)
 @given(workloads, st.integers(1, 64))
 def test_splitfuse_fills_the_budget_exactly_when_work_waits(lengths, budget):
-    bm = BlockManager(10_000, 16)  # memory never binds here
-    sched = make_scheduler("splitfuse", bm, token_budget=budget, max_num_seqs=10_000)
+    # memory never binds here
+    sched = make_scheduler("splitfuse", 10_000, 16, token_budget=budget, max_num_seqs=10_000)
     requests = [make_request(i, p, o) for i, (p, o) in enumerate(lengths)]
     for num_tokens, work_waiting, _ in run_to_completion(sched, requests):
         if work_waiting:
@@ -100,8 +106,8 @@ def test_splitfuse_fills_the_budget_exactly_when_work_waits(lengths, budget):
 
 
 def test_preemption_happens_when_blocks_run_short_and_loses_nothing():
-    bm = BlockManager(12, 4)  # 48 token slots for 6 requests of up to 40 tokens each
-    sched = make_scheduler("splitfuse", bm, token_budget=16, max_num_seqs=8)
+    # 48 token slots for 6 requests of up to 40 tokens each
+    sched = make_scheduler("splitfuse", 12, 4, token_budget=16, max_num_seqs=8)
     requests = [make_request(i, 20, 20, arrival=float(i)) for i in range(6)]
     sizes = run_to_completion(sched, requests)
     assert sched.num_preemptions > 0
@@ -110,8 +116,7 @@ def test_preemption_happens_when_blocks_run_short_and_loses_nothing():
 
 
 def test_victim_is_the_most_recently_arrived_running_request():
-    bm = BlockManager(6, 4)
-    sched = make_scheduler("splitfuse", bm, token_budget=64, max_num_seqs=8)
+    sched = make_scheduler("splitfuse", 6, 4, token_budget=64, max_num_seqs=8)
     a, b, c = (make_request(i, 8, 10, arrival=float(i)) for i in range(3))
     for r in (a, b, c):
         sched.add(r)
@@ -126,8 +131,7 @@ def test_victim_is_the_most_recently_arrived_running_request():
 
 
 def test_prefix_cache_reuses_full_prompt_blocks():
-    bm = BlockManager(64, 4)
-    sched = make_scheduler("splitfuse", bm, token_budget=64)
+    sched = make_scheduler("splitfuse", 64, 4, token_budget=64)
     shared = list(range(10, 22))  # 12 tokens = 3 full blocks
     first = Request("a", shared + [1, 2], SamplingParams(max_tokens=2, ignore_eos=True))
     second = Request("b", shared + [3], SamplingParams(max_tokens=2, ignore_eos=True))
@@ -142,8 +146,8 @@ def test_prefix_cache_reuses_full_prompt_blocks():
 
 
 def test_prefix_cache_leaves_one_token_to_compute():
-    bm = BlockManager(64, 4)
-    sched = make_scheduler("splitfuse", bm, token_budget=64)
+    sched = make_scheduler("splitfuse", 64, 4, token_budget=64)
+    bm = sched.block_manager
     prompt = list(range(8))  # exactly two blocks
     for rid in ("a", "b"):
         sched.add(Request(rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True)))
@@ -154,8 +158,8 @@ def test_prefix_cache_leaves_one_token_to_compute():
 
 
 def test_abort_frees_blocks_and_removes_the_request():
-    bm = BlockManager(16, 4)
-    sched = make_scheduler("splitfuse", bm, token_budget=8)
+    sched = make_scheduler("splitfuse", 16, 4, token_budget=8)
+    bm = sched.block_manager
     keep, drop = make_request("keep", 10, 5), make_request("drop", 10, 5)
     sched.add(keep)
     sched.add(drop)
@@ -170,8 +174,7 @@ def test_abort_frees_blocks_and_removes_the_request():
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_requests_that_can_never_fit_are_rejected_clearly(name):
-    bm = BlockManager(4, 4)  # 16 tokens
-    sched = make_scheduler(name, bm, token_budget=64, max_model_len=32)
+    sched = make_scheduler(name, 4, 4, token_budget=64, max_model_len=32)  # 16 tokens
     with pytest.raises(ValueError, match="KV blocks"):
         sched.add(make_request("big", 10, 10))
     with pytest.raises(ValueError, match="context"):
@@ -180,13 +183,13 @@ def test_requests_that_can_never_fit_are_rejected_clearly(name):
 
 
 def test_prefill_first_needs_a_budget_that_covers_the_prompt():
-    sched = make_scheduler("prefill-first", BlockManager(100, 4), token_budget=8)
+    sched = make_scheduler("prefill-first", 100, 4, token_budget=8)
     with pytest.raises(ValueError, match="token_budget"):
         sched.add(make_request("p", 9, 1))
 
 
 def test_prefill_first_never_mixes_prompts_and_decodes():
-    sched = make_scheduler("prefill-first", BlockManager(100, 4), token_budget=64)
+    sched = make_scheduler("prefill-first", 100, 4, token_budget=64)
     requests = [make_request(i, 5 + i, 6, arrival=float(i)) for i in range(6)]
     pending = list(requests)
     while pending or sched.has_unfinished():
@@ -209,9 +212,9 @@ def test_invalid_sampling_params_name_the_field(kwargs, field):
 
 def test_bad_scheduler_config_is_rejected():
     with pytest.raises(ValueError, match="unknown scheduler"):
-        make_scheduler("fifo", BlockManager(4, 4))
+        make_scheduler("fifo", 4, 4)
     with pytest.raises(ValueError, match="token_budget"):
-        make_scheduler("splitfuse", BlockManager(4, 4), token_budget=0)
+        make_scheduler("splitfuse", 4, 4, token_budget=0)
     with pytest.raises(ValueError, match="empty"):
         Request("e", [])
 

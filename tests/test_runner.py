@@ -57,7 +57,7 @@ def test_padding_past_a_bucket_is_refused():
     llm.engine.add_request(list(range(3, 23)), SamplingParams(max_tokens=1))
     plan = llm.engine.scheduler.schedule()
     assert plan.num_tokens == 20 and graphs.key(plan) is None and graphs.padded_tokens(plan) is None
-    from engine.runner import pack_inputs
+    from engine.inputs import pack_inputs
     with pytest.raises(ValueError, match="cannot pad a pass of 20 tokens"):
         pack_inputs(plan, 4, pad_to=graphs.layouts[("mixed", 16)])
 
@@ -67,7 +67,7 @@ def test_padding_past_a_bucket_is_refused():
 def test_packed_inputs_start_on_16_byte_boundaries(tokens, seqs, width, samples):
     """Every input view starts 16-byte aligned whatever the pass's shape (Triton specializes on pointer alignment:
     shifting offsets compiled new kernel variants mid-run), and the views tile the buffer without overlap."""
-    from engine.runner import Layout
+    from engine.inputs import Layout
     layout = Layout(tokens, seqs, width, samples)
     buf = torch.zeros(layout.size, dtype=torch.int32)
     views = layout.views(buf)

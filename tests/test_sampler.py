@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, Request, SamplingParams
+from engine import LLM, SamplingParams
+from engine.policy import Request
 from engine.sampler import Sampler
 
 PROBS = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: token 1 (.4), 3 (.3), 4 (.15), 2 (.1), 0 (.05)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from engine.llm import LLM, LLMEngine
-from engine.sampling_params import SamplingParams
+from engine.policy import SamplingParams
 from engine.server.app import create_app
 from engine.server.engine_process import EngineSpec
 from engine.server.testing import byte_tokenizer, serve_in_thread, wait_idle

@@ -93,7 +93,7 @@ def test_in_thread_engine_still_serves():
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 4
         assert "engine_pid" not in httpx.get(url + "/health").json()
-        assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == 64
+        assert not engine.has_unfinished() and engine.stats().num_free_blocks == 64
         busy = [line for line in httpx.get(url + "/metrics").text.splitlines()
                 if line.startswith("splitfuse_engine_busy_seconds_total ")]
         assert len(busy) == 1 and float(busy[0].split()[1]) > 0

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from engine.policy import PolicyConfig
 from sim.capacity import estimate_capacity
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import LinearCost, load_cost_model
@@ -24,7 +25,8 @@ def small_workload(n=400, rate=20.0, **kw):
 def test_every_request_finishes_exactly_once_with_its_output(scheduler, balancer):
     w = small_workload()
     table = w.generate(seed=5)
-    config = ClusterConfig(SMALL, replicas=3, scheduler=scheduler, token_budget=700, balancer=balancer)
+    policy = PolicyConfig(scheduler=scheduler, token_budget=700, balancer=balancer)
+    config = ClusterConfig(SMALL, replicas=3, policy=policy)
     result = simulate(w, config, seed=5)
     df = result.requests
     assert sorted(df["id"]) == list(range(len(table)))
@@ -42,14 +44,14 @@ def test_every_request_finishes_exactly_once_with_its_output(scheduler, balancer
 
 def test_preemption_shows_up_when_kv_is_short():
     tight = LinearCost(base=5e-3, per_token=2e-5, num_kv_blocks=60)
-    result = simulate(small_workload(rate=60.0), ClusterConfig(tight, token_budget=700), seed=1)
+    result = simulate(small_workload(rate=60.0), ClusterConfig(tight, policy=PolicyConfig(token_budget=700)), seed=1)
     assert result.replicas["preemptions"].sum() > 0
     assert result.requests["preemptions"].sum() == result.replicas["preemptions"].sum()
     assert result.replicas["peak_kv_usage"].max() > 0.9
 
 
 def test_same_seed_same_result_and_different_seed_differs():
-    config = ClusterConfig(SMALL, replicas=2, balancer="random")
+    config = ClusterConfig(SMALL, replicas=2, policy=PolicyConfig(balancer="random"))
     a = simulate(small_workload(), config, seed=3).requests
     b = simulate(small_workload(), config, seed=3).requests
     c = simulate(small_workload(), config, seed=4).requests
@@ -61,9 +63,11 @@ def test_splitfuse_beats_prefill_first_on_fastgens_long_prompt_workload():
     cost = load_cost_model("llama-2-7b")
     w = Workload(num_requests=600, rate=1.0, prompt=LengthDist("normal", (2600, 0.3)),
                  output=LengthDist("normal", (128, 0.3)), max_prompt_tokens=4000)
-    w.rate = 0.9 * estimate_capacity(cost, w)
-    split = summarize(simulate(w, ClusterConfig(cost, scheduler="splitfuse", token_budget=768), seed=0))
-    whole = summarize(simulate(w, ClusterConfig(cost, scheduler="prefill-first", token_budget=4400), seed=0))
+    split_config = ClusterConfig(cost, policy=PolicyConfig(scheduler="splitfuse", token_budget=768))
+    whole_config = ClusterConfig(cost, policy=PolicyConfig(scheduler="prefill-first", token_budget=4400))
+    w.rate = 0.9 * estimate_capacity(split_config, w)
+    split = summarize(simulate(w, split_config, seed=0))
+    whole = summarize(simulate(w, whole_config, seed=0))
     assert split["effective_throughput_rps"] > whole["effective_throughput_rps"]
     assert split["itl_p95"] < whole["itl_p95"]
 
@@ -71,7 +75,7 @@ def test_splitfuse_beats_prefill_first_on_fastgens_long_prompt_workload():
 def test_closed_loop_clients_never_exceed_their_number():
     w = Workload(num_requests=300, arrivals="closed", clients=5, prompt=LengthDist("fixed", (100,)),
                  output=LengthDist("fixed", (10,)))
-    df = simulate(w, ClusterConfig(SMALL, replicas=2), seed=0).requests
+    df = simulate(w, ClusterConfig(SMALL, replicas=2, policy=PolicyConfig(balancer="round-robin")), seed=0).requests
     sends = np.stack([df["arrival"], np.ones(len(df))], 1)
     finishes = np.stack([df["finish"], -np.ones(len(df))], 1)
     events = np.concatenate([sends, finishes])
@@ -97,13 +101,14 @@ def test_shared_prefixes_hit_the_prefix_cache():
     table = RequestTable(np.arange(n) * 0.05, np.full(n, 512), np.full(n, 8),
                          prefix_ids=np.array(["system"] * n, dtype=object), prefix_lens=np.full(n, 480))
     cached = simulate(table, ClusterConfig(SMALL), seed=0).requests
-    uncached = simulate(table, ClusterConfig(SMALL, prefix_caching=False), seed=0).requests
+    uncached = simulate(table, ClusterConfig(SMALL, policy=PolicyConfig(enable_prefix_caching=False)), seed=0).requests
     assert cached["cached_tokens"].iloc[1:].eq(480).all() and uncached["cached_tokens"].eq(0).all()
     assert cached["ttft"].mean() < uncached["ttft"].mean()
 
 
 def test_per_replica_statistics():
-    result = simulate(small_workload(), ClusterConfig(SMALL, replicas=3), seed=0)
+    config = ClusterConfig(SMALL, replicas=3, policy=PolicyConfig(balancer="round-robin"))
+    result = simulate(small_workload(), config, seed=0)
     reps = result.replicas
     assert list(reps["replica"]) == [0, 1, 2]
     assert ((reps["busy_share"] > 0) & (reps["busy_share"] <= 1)).all()

@@ -3,6 +3,7 @@
 import pytest
 from click.testing import CliRunner
 
+from engine.policy import PolicyConfig
 from sim.cli import simulate as simulate_cli
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import LinearCost
@@ -56,7 +57,7 @@ def test_negative_rate_names_the_flag():
 
 def test_token_budget_below_one_names_the_flag():
     with pytest.raises(ValueError, match="--token-budget"):
-        simulate(Workload(num_requests=5, rate=1.0), ClusterConfig(COST, token_budget=0))
+        simulate(Workload(num_requests=5, rate=1.0), ClusterConfig(COST, policy=PolicyConfig(token_budget=0)))
     result = CliRunner().invoke(simulate_cli, ["--token-budget", "0", "--profile", "builtin-llama-2-7b"])
     assert result.exit_code == 2 and "--token-budget" in result.output
 

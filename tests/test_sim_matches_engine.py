@@ -3,7 +3,8 @@
 One offline workload (every request at t=0, greedy, ``ignore_eos``, fixed output lengths) goes through the real
 ``LLMEngine`` (the ``tiny-llama`` preset on the CPU) and through ``sim.cluster.simulate`` on one replica whose
 cost model has the engine's capacities (block size, number of KV blocks, context limit), with the same scheduler
-name, token budget and ``max_num_seqs``. Both sides' ``scheduler.schedule`` is wrapped to record every plan.
+name, token budget and ``max_num_seqs``.
+Both sides record every plan (the engine's scheduler's ``observe``, the simulator's ``on_pass``).
 The two runs must have the same number of passes and, pass by pass, the same (request index, new tokens, start
 position) entries in the same order and the same preempted requests; at the end every request has the same
 preemption count and its full output. Request ids are mapped by submission order (the engine's "0", "1", ...
@@ -17,9 +18,8 @@ import random
 import numpy as np
 import pytest
 
-import sim.replica
 from engine.llm import LLMEngine
-from engine.sampling_params import SamplingParams
+from engine.policy import PolicyConfig, SamplingParams
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost
 from sim.workload import RequestTable
@@ -37,22 +37,17 @@ def workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
     return prompts, outputs
 
 
-def recording(scheduler, index_of, passes: list, requests: dict) -> None:
-    """Wrap ``scheduler.schedule`` (on the instance) to append each plan's entries and preempted requests to
-    ``passes``, with requests named by ``index_of(request)``; ``requests`` collects index -> Request."""
-    schedule = scheduler.schedule
+def recorder(index_of, passes: list, requests: dict):
+    """A plan observer that appends each plan's entries and preempted requests to ``passes``, with requests named
+    by ``index_of(request)``; ``requests`` collects index -> Request."""
+    def record(plan) -> None:
+        for r in plan.requests:
+            requests[index_of(r)] = r
+        passes.append((
+            [(index_of(r), n, s) for r, n, s in zip(plan.requests, plan.num_new_tokens, plan.start_positions)],
+            [index_of(r) for r in plan.preempted]))
 
-    def wrapped(now: float = 0.0):
-        plan = schedule(now)
-        if plan is not None:
-            for r in plan.requests:
-                requests[index_of(r)] = r
-            passes.append((
-                [(index_of(r), n, s) for r, n, s in zip(plan.requests, plan.num_new_tokens, plan.start_positions)],
-                [index_of(r) for r in plan.preempted]))
-        return plan
-
-    scheduler.schedule = wrapped
+    return record
 
 
 def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks):
@@ -61,7 +56,7 @@ def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_si
                        seed=0)
     passes: list = []
     requests: dict = {}
-    recording(engine.scheduler, lambda r: int(r.request_id), passes, requests)
+    engine.scheduler.observe(recorder(lambda r: int(r.request_id), passes, requests))
     for i, (prompt, n) in enumerate(zip(prompts, outputs)):
         rid = engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
                                  arrival_time=0.0)
@@ -75,24 +70,16 @@ def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_si
     return passes, requests, engine.max_model_len
 
 
-def run_sim(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks, max_model_len,
-            monkeypatch):
+def run_sim(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks, max_model_len):
     passes: list = []
     requests: dict = {}
-    make_scheduler = sim.replica.make_scheduler
-
-    def make_recorded(*args, **kwargs):
-        sched = make_scheduler(*args, **kwargs)
-        recording(sched, lambda r: r.request_id, passes, requests)
-        return sched
-
-    monkeypatch.setattr(sim.replica, "make_scheduler", make_recorded)
+    record = recorder(lambda r: r.request_id, passes, requests)
     cost = ConstantCost(1e-3, block_size=block_size, num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
     table = RequestTable(arrivals=np.zeros(len(prompts)), prompt_tokens=np.array([len(p) for p in prompts]),
                          output_tokens=np.array(outputs))
-    config = ClusterConfig(cost, replicas=1, scheduler=scheduler, token_budget=token_budget,
-                           max_num_seqs=max_num_seqs, noise=False)
-    result = simulate(table, config, seed=0, workers=1)
+    policy = PolicyConfig(scheduler=scheduler, token_budget=token_budget, max_num_seqs=max_num_seqs)
+    config = ClusterConfig(cost, replicas=1, noise=False, policy=policy)
+    result = simulate(table, config, seed=0, on_pass=lambda replica, plan, start, end: record(plan))
     df = result.requests.sort_values("id")
     assert df["output_tokens"].tolist() == outputs
     assert result.replicas["passes"].tolist() == [len(passes)]
@@ -110,13 +97,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_simulator_runs_the_engines_passes(case, monkeypatch):
+def test_simulator_runs_the_engines_passes(case):
     scheduler, budget, max_num_seqs, block_size, num_kv_blocks, expect_preemptions = CASES[case]
     prompts, outputs = workload()
     engine_passes, engine_requests, max_model_len = run_engine(prompts, outputs, scheduler, budget, max_num_seqs,
                                                                block_size, num_kv_blocks)
     sim_passes, sim_requests = run_sim(prompts, outputs, scheduler, budget, max_num_seqs, block_size, num_kv_blocks,
-                                       max_model_len, monkeypatch)
+                                       max_model_len)
 
     if scheduler == "splitfuse":  # the budget really chunks prompts
         assert any(n < len(prompts[i]) for entries, _ in engine_passes for i, n, s in entries if s == 0)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.policy import PolicyConfig
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import LinearCost
 from sim.metrics import SLA, confidence_intervals, parse_goodput, summarize
@@ -44,7 +45,7 @@ def test_sla_and_goodput_follow_their_definitions():
     cost = LinearCost(base=0.01, per_token=1e-4, noise_sigma=0.2, num_kv_blocks=2000)
     w = Workload(num_requests=500, rate=8.0, prompt=LengthDist("uniform", (50, 2000)),
                  output=LengthDist("uniform", (1, 100)))
-    result = simulate(w, ClusterConfig(cost, token_budget=512), seed=0, warmup=0.1, cooldown=0.1)
+    result = simulate(w, ClusterConfig(cost, policy=PolicyConfig(token_budget=512)), seed=0, warmup=0.1, cooldown=0.1)
     sla = SLA(generation_rate=30.0, goodput={"ttft": 0.5, "tpot": 0.03})
     s = summarize(result, sla)
     m = result.requests[result.requests["measured"]]
@@ -82,7 +83,7 @@ def test_capacity_search_brackets_the_sla_target():
 
     cost = LinearCost(base=0.01, per_token=1e-4, num_kv_blocks=2000)
     w = Workload(num_requests=200, rate=1.0, prompt=LengthDist("fixed", (400,)), output=LengthDist("fixed", (20,)))
-    config = ClusterConfig(cost, token_budget=512, noise=False)
+    config = ClusterConfig(cost, noise=False, policy=PolicyConfig(token_budget=512))
     sla = SLA(generation_rate=8.0)
     best = capacity_search(w, config, low=0.5, high=2.0, target=0.9, sla=sla, rel_tol=0.05)
     sweep = load_sweep(w, config, [best, best * 1.15], sla=sla)

@@ -3,6 +3,7 @@ an M/D/1 queue, and the random balancer over N replicas makes N independent M/D/
 
 import pytest
 
+from engine.policy import PolicyConfig
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost
 from sim.workload import LengthDist, Workload
@@ -13,8 +14,8 @@ SERVICE = 0.5  # seconds per pass
 def mean_wait(rho: float, num_requests: int, replicas: int, seed: int) -> float:
     workload = Workload(num_requests=num_requests, rate=rho * replicas / SERVICE, prompt=LengthDist("fixed", (1,)),
                         output=LengthDist("fixed", (1,)))
-    config = ClusterConfig(ConstantCost(SERVICE, num_kv_blocks=64), replicas=replicas, max_num_seqs=1,
-                           balancer="random", noise=False)
+    config = ClusterConfig(ConstantCost(SERVICE, num_kv_blocks=64), replicas=replicas, noise=False,
+                           policy=PolicyConfig(max_num_seqs=1, balancer="random"))
     result = simulate(workload, config, seed=seed, warmup=0.01)
     m = result.requests[result.requests["measured"]]
     assert (m["finish"] - m["scheduled"]).round(9).eq(SERVICE).all(), "service time is not deterministic"

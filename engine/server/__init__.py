@@ -12,7 +12,7 @@ benchmark client.
 - ``metrics``: Prometheus text exposition (histograms, counters, gauges) without a client library.
 - ``app``: the FastAPI app (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
   ``/metrics``).
-- ``router``: replica processes behind a router that picks with ``engine.load_balancer`` (the simulator's
+- ``router``: replica processes behind a router that picks with ``engine.policy.load_balancer`` (the simulator's
   policies), health checks, retries where no token was sent yet.
 - ``cli``: ``splitfuse serve``; ``bench``: ``splitfuse bench``; ``bench_metrics``: its latency metrics.
 

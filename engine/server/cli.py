@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from engine.load_balancer import BALANCERS
+from engine.policy import BALANCERS
 
 
 def engine_options(f):

@@ -61,10 +61,10 @@ class EngineSpec:
 
 # -- the engine process ------------------------------------------------------------------------------------------
 def _engine_stats(engine, busy_s: float = 0.0) -> dict:
-    scheduler, bm = engine.scheduler, engine.block_manager
-    return {"running": len(scheduler.running), "waiting": len(scheduler.waiting), "kv_usage": bm.usage,
-            "kv_free_blocks": bm.num_free_blocks, "kv_total_blocks": bm.num_blocks,
-            "preemptions": scheduler.num_preemptions, "unfinished": engine.has_unfinished(), "busy_s": busy_s}
+    s = engine.stats()
+    return {"running": s.num_running, "waiting": s.num_waiting, "kv_usage": s.kv_usage,
+            "kv_free_blocks": s.num_free_blocks, "kv_total_blocks": s.num_blocks,
+            "preemptions": s.num_preemptions, "unfinished": engine.has_unfinished(), "busy_s": busy_s}
 
 
 def _read_commands(conn, commands: queue.SimpleQueue) -> None:
@@ -110,15 +110,7 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
 
     passes: list[int] = []
     busy_s = 0.0  # seconds spent in engine.step()
-    schedule = engine.scheduler.schedule
-
-    def watched(*args, **kwargs):
-        plan = schedule(*args, **kwargs)
-        if plan is not None:
-            passes.append(plan.num_tokens)
-        return plan
-
-    engine.scheduler.schedule = watched
+    engine.scheduler.observe(lambda plan: passes.append(plan.num_tokens))
     while True:
         batch = [] if engine.has_unfinished() else [commands.get()]  # idle: sleep until a command comes
         while True:

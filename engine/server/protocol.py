@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.sampling_params import SamplingParams
+from engine.policy import SamplingParams
 
 
 class APIError(Exception):

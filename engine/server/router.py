@@ -1,6 +1,6 @@
 """Replica router (FastGen's ``replica_num``): N engine processes behind one OpenAI-compatible endpoint.
 
-The router picks a replica with ``engine.load_balancer`` (the very policies the simulator's cluster uses),
+The router picks a replica with ``engine.policy.load_balancer`` (the very policies the simulator's cluster uses),
 checks each replica's ``/health`` and process, and takes a dead one out of rotation. A request that fails before
 the client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica;
 a stream that breaks after tokens were sent ends with an SSE error event saying so, never silently.
@@ -23,7 +23,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from engine.load_balancer import ReplicaLoad, make_balancer
+from engine.policy import ReplicaLoad, make_balancer
 from engine.server.metrics import CONTENT_TYPE
 from engine.server.protocol import APIError
 

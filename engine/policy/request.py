@@ -1,12 +1,12 @@
-"""FROZEN ORACLE COPY (see __init__.py); do not edit.
-
-A request and its life cycle: waiting -> running (<-> preempted) -> finished."""
+"""A request and its life cycle: waiting -> running (<-> preempted) -> finished."""
 
 from __future__ import annotations
 
 import enum
+from array import array
+from itertools import repeat
 
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 
 
 class RequestState(enum.IntEnum):
@@ -19,25 +19,25 @@ class RequestState(enum.IntEnum):
 class Request:
     """One generation request as the scheduler and the block manager see it.
 
-    The real engine passes ``prompt_token_ids``; the simulator may pass only ``num_prompt_tokens`` (then no
-    token ids are kept and a shared prefix is described by ``prefix_id``/``prefix_len`` for prefix caching).
-    ``num_computed_tokens`` counts tokens whose KV is in the cache; the last sampled token is not in it yet.
+    The real engine passes ``prompt_token_ids``; the simulator, which produces no tokens, passes only
+    ``num_prompt_tokens`` and describes a shared prefix by ``prefix_id``/``prefix_len`` (for prefix caching), and
+    its sampled tokens are None. ``num_computed_tokens`` counts tokens whose KV is in the cache; the last sampled
+    token is not in it yet. ``token_times`` holds when each output token was sampled.
     """
 
     __slots__ = (
         "request_id", "prompt_token_ids", "num_prompt_tokens", "sampling_params", "max_tokens", "arrival_time",
         "eos_token_id", "max_model_len", "prefix_id", "prefix_len", "state", "output_token_ids",
         "num_output_tokens", "num_computed_tokens", "num_cached_tokens", "num_registered_blocks", "block_table",
-        "num_preemptions",
-        "scheduled_time", "first_token_time", "last_token_time", "token_times", "finish_time", "finish_reason",
+        "num_preemptions", "length_limit",
+        "scheduled_time", "token_times", "finish_time", "finish_reason",
         "_block_hashes",
     )
 
     def __init__(self, request_id, prompt_token_ids: list[int] | None = None,
                  sampling_params: SamplingParams | None = None, arrival_time: float = 0.0, *,
                  num_prompt_tokens: int | None = None, eos_token_id: int | None = None,
-                 max_model_len: int | None = None, prefix_id=None, prefix_len: int = 0,
-                 record_token_times: bool = True) -> None:
+                 max_model_len: int | None = None, prefix_id=None, prefix_len: int = 0) -> None:
         if prompt_token_ids is not None:
             prompt_token_ids = list(prompt_token_ids)
             num_prompt_tokens = len(prompt_token_ids)
@@ -51,6 +51,9 @@ class Request:
         self.arrival_time = arrival_time
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
+        # output tokens at which the request stops by length: max_tokens, or where it reaches the context limit
+        self.length_limit = self.max_tokens if max_model_len is None else \
+            min(self.max_tokens, max_model_len - num_prompt_tokens)
         self.prefix_id = prefix_id
         self.prefix_len = min(prefix_len, num_prompt_tokens)
         self.state = RequestState.WAITING
@@ -62,9 +65,7 @@ class Request:
         self.block_table: list[int] = []
         self.num_preemptions = 0
         self.scheduled_time: float | None = None
-        self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
-        self.token_times: list[float] | None = [] if record_token_times else None
+        self.token_times = array("d")
         self.finish_time: float | None = None
         self.finish_reason: str | None = None
         self._block_hashes: list = []
@@ -72,6 +73,14 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.state.name}, prompt={self.num_prompt_tokens}, "
                 f"out={self.num_output_tokens}/{self.max_tokens}, computed={self.num_computed_tokens})")
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def last_token_time(self) -> float | None:
+        return self.token_times[-1] if self.token_times else None
 
     @property
     def num_tokens(self) -> int:
@@ -114,24 +123,34 @@ class Request:
                 hashes.append(hash(("own", self.request_id, i)))
         return hashes[index]
 
-    def append_token(self, token_id: int | None, now: float) -> bool:
-        """Record one sampled token (None in the simulator); returns True when the request is now done."""
-        n = self.num_output_tokens = self.num_output_tokens + 1
-        if self.first_token_time is None:
-            self.first_token_time = now
-        self.last_token_time = now
-        if self.token_times is not None:
-            self.token_times.append(now)
-        if token_id is not None:
-            self.output_token_ids.append(token_id)
-        if n >= self.max_tokens:
-            self.finish_reason = "length"
-        elif token_id is not None and n >= self.sampling_params.min_tokens and (
-                token_id in self.sampling_params.stop_token_ids
-                or (token_id == self.eos_token_id and not self.sampling_params.ignore_eos)):
-            self.finish_reason = "stop"
-        elif self.max_model_len is not None and self.num_prompt_tokens + n >= self.max_model_len:
-            self.finish_reason = "length"
-        else:
-            return False
-        return True
+    def stops_at(self, token_id: int, num_output_tokens: int) -> bool:
+        """Whether sampling ``token_id`` as output token number ``num_output_tokens`` ends the request (a stop
+        token or EOS, once ``min_tokens`` are out)."""
+        params = self.sampling_params
+        return num_output_tokens >= params.min_tokens and (
+            token_id in params.stop_token_ids or (token_id == self.eos_token_id and not params.ignore_eos))
+
+
+def record_tokens(requests, positions, token_ids, now: float) -> list[Request]:
+    """Each of ``requests`` sampled one token after computing the one at ``positions``: count that one computed,
+    record the new token (``token_ids`` None in the simulator, which samples no tokens) and its time; returns the
+    requests that are now done, with their ``finish_reason`` set. Requests no longer running (aborted while their
+    pass ran) are skipped. The one place where a request's output and token times grow."""
+    done = []
+    running = RequestState.RUNNING
+    for request, position, token in zip(requests, positions, token_ids if token_ids is not None else repeat(None)):
+        if request.state is not running:
+            continue
+        request.num_computed_tokens = position + 1
+        n = request.num_output_tokens = request.num_output_tokens + 1
+        request.token_times.append(now)
+        if token is not None:
+            request.output_token_ids.append(token)
+            if n < request.max_tokens and request.stops_at(token, n):
+                request.finish_reason = "stop"
+                done.append(request)
+                continue
+        if n >= request.length_limit:
+            request.finish_reason = "length"
+            done.append(request)
+    return done

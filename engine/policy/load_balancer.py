@@ -1,4 +1,4 @@
-"""Load-balancing policies: which replica gets the next request. Torch-free; the simulator's cluster and the
+"""Load-balancing policies: which replica gets the next request. The simulator's cluster and the
 server's router use the same objects.
 
 A policy sees one ``ReplicaLoad`` per replica and returns the index of the chosen one. ``loads`` may be any

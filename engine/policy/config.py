@@ -1,0 +1,48 @@
+"""``PolicyConfig``: the one place where the scheduling policy's defaults are written.
+
+The engine (``LLMEngine``, ``LLM``, ``splitfuse serve``/``generate``), the simulator (``ClusterConfig``, the
+replica, ``splitfuse simulate``) and calibration (``splitfuse profile``) all take or build one; command-line
+options and their defaults are generated from its fields (``engine.policy.options``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def option_metadata(text: str, *flags: str) -> dict:
+    """A config field's metadata for its command-line option (``engine.policy.options``): the help text, and the
+    flag declarations when they are not ``--field-name``."""
+    return {"help": text, **({"flags": flags} if flags else {})}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """What the scheduler, the block manager and the load balancer decide by."""
+
+    scheduler: str = field(default="splitfuse", metadata=option_metadata("splitfuse | prefill-first | decode-first."))
+    token_budget: int = field(default=768, metadata=option_metadata("Most tokens one forward pass carries."))
+    max_num_seqs: int = field(default=256, metadata=option_metadata("Most requests in one batch."))
+    block_size: int = field(default=16, metadata=option_metadata("Tokens per KV block."))
+    enable_prefix_caching: bool = field(
+        default=True, metadata=option_metadata("Share computed prompt blocks between requests.",
+                                     "--enable-prefix-caching/--no-enable-prefix-caching",
+                                     "--prefix-caching/--no-prefix-caching"))
+    balancer: str = field(default="least-requests", metadata=option_metadata(
+        "Which replica gets the next request: round-robin, random, least-requests, least-tokens, least-kv or "
+        "power-of-two."))
+
+    def __post_init__(self) -> None:
+        from engine.policy.load_balancer import BALANCERS
+        from engine.policy.scheduler import SCHEDULERS
+
+        for name in ("token_budget", "max_num_seqs", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an integer >= 1, got {value!r}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {self.scheduler!r} (--scheduler); choose one of "
+                             f"{', '.join(sorted(SCHEDULERS))}")
+        if self.balancer not in BALANCERS:
+            raise ValueError(f"unknown balancer {self.balancer!r} (--balancer); choose one of "
+                             f"{', '.join(sorted(BALANCERS))}")
