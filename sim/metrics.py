@@ -64,11 +64,11 @@ def meets_fastgen_sla(df, rate: float, sla: SLA) -> np.ndarray:
 
 
 def summarize(result, sla: SLA | None = None) -> dict:
-    """One flat dict of the measured requests of a ``SimResult`` (warm-up/cool-down left out)."""
+    """One flat dict of the measured requests (warm-up/cool-down left out) of a ``SimResult`` or of a server's
+    ``sim.bench.MeasuredRun``: their ``columns`` (as ``RequestLog.to_columns`` makes them), ``log.gaps``,
+    ``replica_rows`` and ``seed``."""
     sla = sla or SLA()
-    cols = getattr(result, "columns", None)  # a SimResult's numpy columns (then pandas is never imported)
-    if cols is None:  # any result with a requests DataFrame (e.g. the server benchmark's)
-        cols = {name: result.requests[name].to_numpy() for name in result.requests.columns}
+    cols = result.columns
     keep = cols["measured"]
     m = {name: col[keep] for name, col in cols.items()}
     n = int(keep.sum())
@@ -98,9 +98,7 @@ def summarize(result, sla: SLA | None = None) -> dict:
             good &= ~(np.asarray(m[metric]) > limit)  # a NaN TPOT (one output token) passes
         out["goodput_rps"] = float(good.sum()) / span if n else float("nan")
         out["goodput_share"] = float(good.mean()) if n else float("nan")
-    reps = getattr(result, "replica_rows", None)
-    if reps is None:
-        reps = result.replicas.to_dict("records")
+    reps = result.replica_rows
     passes = np.array([r["passes"] for r in reps])
     out["preemptions"] = int(np.sum([r["preemptions"] for r in reps]))
     out["mean_busy_share"] = float(np.mean([r["busy_share"] for r in reps]))

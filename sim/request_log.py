@@ -33,21 +33,30 @@ class RequestLog:
         return len(self.columns["id"])
 
     def record(self, request, replica: int) -> None:
+        """A finished ``Request`` of the simulator."""
+        self.add(request.request_id, replica, request.arrival_time, request.scheduled_time,
+                 request.first_token_time, request.finish_time, request.num_prompt_tokens,
+                 request.num_output_tokens, request.num_preemptions, request.num_cached_tokens, request.token_times)
+
+    def add(self, request_id: int, replica: int, arrival: float, scheduled: float | None, first_token: float,
+            finish: float, prompt_tokens: int, output_tokens: int, preemptions: int, cached_tokens: int,
+            token_times) -> None:
+        """One finished request as plain values (``scheduled`` None or NaN when unknown); ``token_times``: when
+        each output token (or each streamed chunk of them) came."""
         c = self.columns
-        rid = request.request_id
-        c["id"].append(rid)
+        c["id"].append(request_id)
         c["replica"].append(replica)
-        c["arrival"].append(request.arrival_time)
-        c["scheduled"].append(request.scheduled_time)
-        c["first_token"].append(request.first_token_time)
-        c["finish"].append(request.finish_time)
-        c["prompt_tokens"].append(request.num_prompt_tokens)
-        c["output_tokens"].append(request.num_output_tokens)
-        c["preemptions"].append(request.num_preemptions)
-        c["cached_tokens"].append(request.num_cached_tokens)
-        self._pending.append(request.token_times)
-        self._pending_measured.append(self.measured_from <= rid and (self.measured_to is None
-                                                                     or rid < self.measured_to))
+        c["arrival"].append(arrival)
+        c["scheduled"].append(float("nan") if scheduled is None else scheduled)
+        c["first_token"].append(first_token)
+        c["finish"].append(finish)
+        c["prompt_tokens"].append(prompt_tokens)
+        c["output_tokens"].append(output_tokens)
+        c["preemptions"].append(preemptions)
+        c["cached_tokens"].append(cached_tokens)
+        self._pending.append(token_times)
+        self._pending_measured.append(self.measured_from <= request_id and (self.measured_to is None
+                                                                            or request_id < self.measured_to))
         if len(self._pending) >= BATCH:
             self.flush()
 
@@ -92,8 +101,9 @@ class RequestLog:
         out = cols["output_tokens"]
         with np.errstate(invalid="ignore", divide="ignore"):
             cols["tpot"] = np.where(out > 1, (cols["e2e"] - cols["ttft"]) / np.maximum(out - 1, 1), np.nan)
-        hi = len(out) if self.measured_to is None else self.measured_to
-        cols["measured"] = (cols["id"] >= self.measured_from) & (cols["id"] < hi)
+        cols["measured"] = cols["id"] >= self.measured_from
+        if self.measured_to is not None:
+            cols["measured"] &= cols["id"] < self.measured_to
         return cols
 
     def to_frame(self):

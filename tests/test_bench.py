@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from serving import serve_in_thread
 
 from engine.server.app import create_app
-from engine.server.bench import Record, bench, to_result
-from engine.server.engine_process import EngineSpec
-from engine.server.testing import serve_in_thread
+from engine.server.engine_core import EngineSpec
+from sim.bench import Record, bench, to_result
 from sim.metrics import SLA, summarize
 
 MODEL = "tiny-llama"
@@ -70,7 +70,7 @@ def test_bench_bad_flags_and_unreachable_server(url):
 
 
 def test_seeded_workload_is_reproducible():
-    from engine.server.bench import make_prompts
+    from sim.bench import make_prompts
 
     a = make_prompts(np.random.default_rng([3, 0xB0]), np.array([5, 7]), 320)
     b = make_prompts(np.random.default_rng([3, 0xB0]), np.array([5, 7]), 320)

@@ -9,12 +9,12 @@ import json
 
 import httpx
 import pytest
+from serving import byte_tokenizer, serve_in_thread, wait_idle
 
 from engine.llm import LLM, LLMEngine
 from engine.policy import SamplingParams
 from engine.server.app import create_app
-from engine.server.engine_process import EngineSpec
-from engine.server.testing import byte_tokenizer, serve_in_thread, wait_idle
+from engine.server.engine_core import EngineSpec
 
 MODEL = "tiny-llama"
 NUM_BLOCKS = 1024

@@ -8,10 +8,10 @@ import threading
 
 import httpx
 import pytest
+from serving import serve_in_thread, wait_idle
 
 from engine.server.app import create_app
-from engine.server.engine_process import EngineSpec
-from engine.server.testing import serve_in_thread, wait_idle
+from engine.server.engine_core import EngineSpec
 
 MODEL = "tiny-llama"
 OK = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4}

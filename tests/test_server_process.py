@@ -10,11 +10,11 @@ import sys
 import time
 
 import httpx
+from serving import serve_in_thread
 
 from engine.server.app import create_app
-from engine.server.engine_process import EngineSpec
+from engine.server.engine_core import EngineSpec
 from engine.server.router import free_port
-from engine.server.testing import serve_in_thread
 
 MODEL = "tiny-llama"
 BODY = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True}

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from serving import byte_tokenizer, serve_in_thread, wait_idle
 
 from engine.server.app import create_app
 from engine.server.detokenize import Detokenizer
-from engine.server.engine_process import EngineSpec
-from engine.server.testing import byte_tokenizer, serve_in_thread, wait_idle
+from engine.server.engine_core import EngineSpec
 
 MODEL = "tiny-llama"
 

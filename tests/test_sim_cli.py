@@ -34,7 +34,7 @@ def test_sweep_prints_the_curve_and_the_best_rate():
 
 
 def test_console_script_runs_without_torch():
-    code = ("import sys; from engine.cli import main; sys.argv = ['splitfuse', 'simulate', '-n', '50']; "
+    code = ("import sys; from splitfuse.cli import main; sys.argv = ['splitfuse', 'simulate', '-n', '50']; "
             "import sim.cli\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code\n"
             "assert 'torch' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -12,9 +12,10 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from engine.prompts import check_prompt
 from engine.server.detokenize import Detokenizer
-from engine.server.engine_loop import AsyncEngine, EngineDead, QueueFull, RequestStream
-from engine.server.engine_process import EngineSpec, ProcessEngine, tokenize
+from engine.server.engine_client import EngineClient, EngineDead, QueueFull, RequestStream
+from engine.server.engine_core import EngineSpec
 from engine.server.metrics import CONTENT_TYPE
 from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_body
 
@@ -45,25 +46,16 @@ class Server:
 
     def __init__(self, engine, model_name: str, max_waiting: int = 1024) -> None:
         """``engine``: an ``EngineSpec`` (the engine runs in its own process, started now) or an ``LLMEngine``
-        (its ``step`` runs in a worker thread of this process)."""
+        (its loop runs in a thread of this process)."""
         self.model_name = model_name
-        if isinstance(engine, EngineSpec):
-            self.engine = None
-            self.loop = ProcessEngine(engine, max_waiting=max_waiting)
-            info = self.loop.launch()
-            self.tokenizer = engine.tokenizer if engine.tokenizer is not None else info["tokenizer"]
-            self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
-        else:
-            self.engine = engine
-            self.loop = AsyncEngine(engine, max_waiting=max_waiting)
-            self.tokenizer = engine.tokenizer
-            self.max_model_len = engine.max_model_len
-            self.vocab_size = getattr(getattr(engine, "model_config", None), "vocab_size", None)
+        self.loop = EngineClient(engine, max_waiting=max_waiting)
+        info = self.loop.launch()
+        override = engine.tokenizer if isinstance(engine, EngineSpec) else None
+        self.tokenizer = override if override is not None else info["tokenizer"]
+        self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
 
     def tokenize(self, prompt) -> list[int]:
-        if self.engine is not None:
-            return self.engine.tokenize(prompt)
-        return tokenize(prompt, self.tokenizer, self.vocab_size)
+        return check_prompt(prompt, self.tokenizer, self.vocab_size)
 
     # -- request -> engine -----------------------------------------------------------------------------------
     def _check_model(self, body) -> None:
@@ -197,7 +189,7 @@ class Server:
 
 def create_app(engine, model_name: str, max_waiting: int = 1024) -> FastAPI:
     """The app over ``engine`` (an ``EngineSpec``: the engine process is started now; or an ``LLMEngine``,
-    stepped in a thread), served as ``model_name``."""
+    whose loop runs in a thread), served as ``model_name``."""
     server = Server(engine, model_name, max_waiting)
 
     @contextlib.asynccontextmanager

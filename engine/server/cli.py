@@ -1,36 +1,18 @@
 """``splitfuse serve MODEL``: one engine behind the OpenAI-compatible server, or ``--replicas N`` engine
-processes behind a router."""
+processes behind a router. Engine and policy options come from ``EngineConfig`` and ``PolicyConfig``."""
 
 from __future__ import annotations
 
 import click
 
-from engine.policy import BALANCERS
+from engine.config import EngineConfig
+from engine.policy import PolicyConfig
+from engine.policy.options import config_options, pick
 
 
-def engine_options(f):
-    """Options passed on to ``LLMEngine`` (and to every replica)."""
-    for decl, kw in reversed([
-        ("--scheduler", dict(default="splitfuse", show_default=True, help="splitfuse | prefill-first | decode-first")),
-        ("--token-budget", dict(type=int, default=768, show_default=True, help="Tokens per forward pass.")),
-        ("--block-size", dict(type=int, default=16, show_default=True, help="Tokens per KV block.")),
-        ("--max-num-seqs", dict(type=int, default=256, show_default=True, help="Most requests in a batch.")),
-        ("--num-kv-blocks", dict(type=int, default=None, help="KV blocks (default: as memory allows).")),
-        ("--max-model-len", dict(type=int, default=None, help="Cap on prompt + output tokens.")),
-        ("--dtype", dict(default="auto", show_default=True)),
-        ("--device", dict(default="auto", show_default=True, help="auto | cpu | cuda")),
-        ("--seed", dict(type=int, default=0, show_default=True)),
-        ("--no-prefix-caching", dict(is_flag=True, help="Turn prefix caching off.")),
-    ]):
-        f = click.option(decl, **kw)(f)
-    return f
-
-
-def engine_kwargs(opts: dict) -> dict:
-    return dict(scheduler=opts["scheduler"], token_budget=opts["token_budget"], block_size=opts["block_size"],
-                max_num_seqs=opts["max_num_seqs"], num_kv_blocks=opts["num_kv_blocks"], dtype=opts["dtype"],
-                device=opts["device"], seed=opts["seed"], enable_prefix_caching=not opts["no_prefix_caching"],
-                max_model_len=opts["max_model_len"])
+def engine_options(options: dict) -> dict:
+    """The entries of the command's options that build the engine (``LLMEngine(model, **these)``)."""
+    return {**pick(PolicyConfig, options), **pick(EngineConfig, options)}
 
 
 @click.command()
@@ -42,34 +24,37 @@ def engine_kwargs(opts: dict) -> dict:
               help="Waiting requests per engine before answering 429.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engine processes (one per GPU, or per CPU slot) behind a router.")
-@click.option("--balancer", type=click.Choice(sorted(BALANCERS)), default="least-requests", show_default=True,
-              help="Router policy (the simulator's load balancers).")
 @click.option("--health-interval", type=float, default=1.0, show_default=True, help="Seconds between checks.")
 @click.option("--threads", type=int, default=None, help="Torch CPU threads per engine (default: cores / replicas).")
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--engine-process/--no-engine-process", default=True, show_default=True,
               help="Run the engine in its own process (HTTP streaming never holds its GIL), else in a thread.")
-@engine_options
-def serve(model, host, port, served_model_name, max_waiting, replicas, balancer, health_interval, threads,
-          log_level, engine_process, **opts):
+@config_options(PolicyConfig)
+@config_options(EngineConfig)
+def serve(model, host, port, served_model_name, max_waiting, replicas, health_interval, threads, log_level,
+          engine_process, **options):
     """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API."""
     name = served_model_name or model
     if replicas < 1:
         raise click.BadParameter("must be >= 1", param_hint="--replicas")
+    try:
+        config = EngineConfig.from_kwargs(model, **engine_options(options))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     if replicas > 1:
         from engine.server.router import run_router
 
-        run_router(model, name, host, port, replicas, balancer, health_interval, threads, log_level,
-                   max_waiting, opts, engine_process=engine_process)
+        run_router(config, name, host, port, replicas, health_interval, threads, log_level, max_waiting,
+                   engine_process=engine_process)
         return
     import uvicorn
 
     from engine.server.app import create_app
 
     if engine_process:
-        from engine.server.engine_process import EngineSpec
+        from engine.server.engine_core import EngineSpec
 
-        engine = EngineSpec(model, engine_kwargs(opts), threads)
+        engine = EngineSpec(model, engine_options(options), threads)
     else:
         if threads:
             import torch
@@ -78,7 +63,7 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, balancer,
         from engine.llm import LLMEngine
 
         try:
-            engine = LLMEngine(model, **engine_kwargs(opts))
+            engine = LLMEngine(config)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
     try:

@@ -23,7 +23,9 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from engine.policy import ReplicaLoad, make_balancer
+from engine.config import EngineConfig
+from engine.policy import PolicyConfig, ReplicaLoad, make_balancer
+from engine.policy.options import config_flags
 from engine.server.metrics import CONTENT_TYPE
 from engine.server.protocol import APIError
 
@@ -276,19 +278,15 @@ def replica_slots(device: str, replicas: int) -> list[dict]:
     return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(replicas)]
 
 
-def start_replicas(model: str, name: str, replicas: int, threads: int | None, log_level: str, max_waiting: int,
-                   opts: dict, engine_process: bool = True) -> list[Replica]:
+def start_replicas(config: EngineConfig, name: str, replicas: int, threads: int | None, log_level: str,
+                   max_waiting: int, engine_process: bool = True) -> list[Replica]:
+    """One ``splitfuse serve`` process per replica (one GPU each, or a CPU slot), every one built from ``config``."""
     threads = threads or max(1, (os.cpu_count() or 1) // replicas)
-    flags = []
-    for key, value in opts.items():
-        if key == "no_prefix_caching":
-            flags += ["--no-prefix-caching"] if value else []
-        elif value is not None:
-            flags += [f"--{key.replace('_', '-')}", str(value)]
+    flags = config_flags(PolicyConfig, vars(config.policy)) + config_flags(EngineConfig, vars(config))
     out = []
-    for i, env in enumerate(replica_slots(opts.get("device", "auto"), replicas)):
+    for i, env in enumerate(replica_slots(config.device, replicas)):
         port = free_port()
-        cmd = [sys.executable, "-m", "engine.server.cli", model, "--host", "127.0.0.1", "--port", str(port),
+        cmd = [sys.executable, "-m", "engine.server.cli", config.model, "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", name, "--max-waiting", str(max_waiting), "--threads", str(threads),
                "--log-level", log_level, "--engine-process" if engine_process else "--no-engine-process", *flags]
         process = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
@@ -324,18 +322,19 @@ def stop_replicas(replicas: list[Replica]) -> None:
             r.process.wait()
 
 
-def run_router(model: str, name: str, host: str, port: int, replicas: int, balancer: str, health_interval: float,
-               threads: int | None, log_level: str, max_waiting: int, opts: dict, startup_timeout: float = 600,
+def run_router(config: EngineConfig, name: str, host: str, port: int, replicas: int, health_interval: float,
+               threads: int | None, log_level: str, max_waiting: int, startup_timeout: float = 600,
                engine_process: bool = True) -> None:
-    """Start the replica processes, serve the router until interrupted, then stop the replicas."""
+    """Start the replica processes, serve the router (balancing with ``config.policy.balancer``) until
+    interrupted, then stop the replicas."""
     import uvicorn
 
     # uvicorn re-raises SIGTERM after its shutdown; exiting by SystemExit lets ``finally`` stop the replicas
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    procs = start_replicas(model, name, replicas, threads, log_level, max_waiting, opts, engine_process)
+    procs = start_replicas(config, name, replicas, threads, log_level, max_waiting, engine_process)
     try:
         wait_healthy(procs, startup_timeout)
-        router = Router(procs, balancer, seed=opts.get("seed", 0), health_interval=health_interval)
+        router = Router(procs, config.policy.balancer, seed=config.seed, health_interval=health_interval)
         uvicorn.run(create_router_app(router), host=host, port=port, log_level=log_level,
                     timeout_graceful_shutdown=5)
     finally:

@@ -1,4 +1,4 @@
-"""Helpers for tests and notebooks: run an ASGI app in a background thread (``with serve_in_thread(app) as url``)
+"""Test helpers for the server: run an ASGI app in a background thread (``with serve_in_thread(app) as url``)
 and a byte-level tokenizer for models that ship none."""
 
 from __future__ import annotations

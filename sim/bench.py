@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from sim.request_log import RequestLog
 from sim.sla_options import sla_options
 
 
@@ -104,42 +105,37 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
 
 
 @dataclass
-class BenchResult:
-    """What ``sim.metrics.summarize`` reads, built from client-side records."""
+class MeasuredRun:
+    """Requests measured at the client, in the simulator's columns (``RequestLog``), so that
+    ``sim.metrics.summarize`` judges them exactly as it judges a ``SimResult``. ``replica_rows``: the server's
+    counters (preemptions, passes, tokens per pass) where it reports them."""
 
-    requests: object
-    replicas: object
-    log: object
+    columns: dict
+    log: RequestLog
+    replica_rows: list[dict]
     seed: int
 
+    @property
+    def requests(self):
+        import pandas as pd
 
-def to_result(records: list[Record], seed: int, server_stats: dict | None = None) -> BenchResult:
-    """Completed requests in the simulator's columns (queue delay is unknown to a client: NaN)."""
-    import pandas as pd
+        return pd.DataFrame(self.columns)
 
-    from sim.token_stats import GapHistogram, gap_stats
 
-    done = [r for r in records if r.error is None]
-    times = [r.chunk_times for r in done]
-    max_ewm, max_mean, gaps = gap_stats(times) if done else (np.zeros(0), np.zeros(0), np.zeros(0))
-    hist = GapHistogram()
-    hist.add(gaps)
-    df = pd.DataFrame({
-        "id": [r.id for r in done], "arrival": [r.arrival for r in done],
-        "first_token": [r.chunk_times[0] for r in done], "finish": [r.chunk_times[-1] for r in done],
-        "prompt_tokens": [r.prompt_tokens for r in done], "output_tokens": [r.output_tokens for r in done],
-        "scheduled": np.nan, "max_ewm_gap": max_ewm, "max_mean_gap": max_mean})
-    df["queue_delay"] = np.nan
-    df["ttft"] = df["first_token"] - df["arrival"]
-    df["e2e"] = df["finish"] - df["arrival"]
-    out = df["output_tokens"]
-    df["tpot"] = np.where(out > 1, (df["e2e"] - df["ttft"]) / (out - 1).clip(lower=1), np.nan)
-    df["measured"] = True
+def to_result(records: list[Record], seed: int, server_stats: dict | None = None) -> MeasuredRun:
+    """The completed requests as the simulator records its own. A client does not see when a request was first
+    scheduled, nor its preemptions or cached tokens: queue delay is NaN and those columns are left out."""
+    log = RequestLog()
+    for r in records:
+        if r.error is None:
+            log.add(r.id, 0, r.arrival, None, r.chunk_times[0], r.chunk_times[-1], r.prompt_tokens, r.output_tokens,
+                    0, 0, r.chunk_times)
+    columns = log.to_columns()
+    del columns["preemptions"], columns["cached_tokens"]
     s = server_stats or {}
-    replicas = pd.DataFrame({"preemptions": [s.get("preemptions", 0)], "busy_share": [np.nan],
-                             "mean_tokens_per_pass": [s.get("mean_tokens_per_pass", np.nan)],
-                             "passes": [s.get("passes", 0)]})
-    return BenchResult(df, replicas, type("Log", (), {"gaps": hist})(), seed)
+    replica = {"preemptions": s.get("preemptions", 0), "busy_share": np.nan,
+               "mean_tokens_per_pass": s.get("mean_tokens_per_pass", np.nan), "passes": s.get("passes", 0)}
+    return MeasuredRun(columns, log, [replica], seed)
 
 
 def scrape(url: str) -> dict:

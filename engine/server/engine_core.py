@@ -1,0 +1,144 @@
+"""The engine side of the server (vLLM's engine core): one loop that owns an ``LLMEngine``.
+
+The loop applies the commands that came in (add, abort), runs a pass, sends that pass's outputs, and again; it
+never waits for the API side. It runs in a process of its own (``engine_main``, the default of ``splitfuse
+serve``: HTTP streaming never holds the engine's GIL) or in a thread of the API process (``run_engine``), and
+talks to ``EngineClient`` over two one-way pipes either way:
+
+- API -> engine: ``("add", request_id, prompt_token_ids, sampling_params)``, ``("abort", request_id)``,
+  ``("stop",)``. A reader thread drains the pipe continuously, so a send from the API never blocks on a pass.
+- engine -> API: ``("ready", info)`` once (limits, tokenizer, pid) or ``("failed", message)``; ``("state", acks,
+  stats)`` after commands were applied (an ack is ``(request_id, error message or None)``: an add the engine
+  refuses, e.g. prompt + output can never fit the KV cache, answers 400); ``("out", items, tokens_per_pass,
+  stats)`` once per pass with ``(request_id, new token ids, finished, finish_reason, queue time)`` for every
+  request that produced tokens; ``("dead", message)`` when a pass raised.
+
+Each message carries the engine's stats (running, waiting, KV blocks, preemptions), so /metrics and /health read
+them without touching the engine. The loop ends when its command pipe closes: the API process ending for any
+reason, SIGKILL included, leaves no orphan engine process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+INIT_ENV = "SPLITFUSE_ENGINE_INIT"  # "module:function" called in the engine process before the engine is built
+
+
+@dataclass
+class EngineSpec:
+    """How to build the engine in its process: ``LLMEngine(model, **kwargs)``; ``threads`` sets torch's CPU
+    threads there. ``tokenizer`` (API process only, never sent) replaces the model's, e.g. for a model that
+    ships none."""
+
+    model: str
+    kwargs: dict = field(default_factory=dict)
+    threads: int | None = None
+    tokenizer: object = None
+
+
+def engine_stats(engine, busy_s: float = 0.0) -> dict:
+    """What /health and /metrics show of the engine, from its scheduler's stats."""
+    s = engine.stats()
+    return {"running": s.num_running, "waiting": s.num_waiting, "kv_usage": s.kv_usage,
+            "kv_free_blocks": s.num_free_blocks, "kv_total_blocks": s.num_blocks,
+            "preemptions": s.num_preemptions, "passes": s.num_passes, "unfinished": engine.has_unfinished(),
+            "busy_s": busy_s}
+
+
+def _read_commands(conn, commands: queue.SimpleQueue) -> None:
+    try:
+        while True:
+            commands.put(conn.recv())
+    except (EOFError, OSError):
+        commands.put(None)  # the API side went away
+
+
+def _picklable(obj):
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - any tokenizer that cannot travel stays behind
+        return None
+    return obj
+
+
+def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
+    """Entry point of the engine process (``multiprocessing`` spawn): build the engine, then ``run_engine``."""
+    try:
+        if os.environ.get(INIT_ENV):  # e.g. a benchmark's faster random-weight init, which a spawned process
+            import importlib  # would not inherit from its parent's monkeypatching
+
+            module, _, name = os.environ[INIT_ENV].partition(":")
+            getattr(importlib.import_module(module), name)()
+        if spec.threads:
+            import torch
+
+            torch.set_num_threads(spec.threads)
+        from engine.llm import LLMEngine
+
+        engine = LLMEngine(spec.model, **spec.kwargs)
+    except BaseException as e:  # noqa: BLE001 - reported to the API process, which raises it
+        out_conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    run_engine(engine, cmd_conn, out_conn, pid=os.getpid())
+
+
+def run_engine(engine, cmd_conn, out_conn, pid: int | None = None) -> None:
+    """Serve ``engine`` over the pipes until the stop command or the command pipe closes. ``pid``: the engine's
+    own process, when it has one."""
+    out_conn.send(("ready", {"pid": pid, "max_model_len": engine.max_model_len,
+                             "vocab_size": engine.model_config.vocab_size,
+                             "tokenizer": _picklable(engine.tokenizer), "stats": engine_stats(engine)}))
+    commands: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_commands, args=(cmd_conn, commands), name="engine-commands",
+                     daemon=True).start()
+    passes: list[int] = []  # tokens of each pass since the last message
+    engine.scheduler.observe(lambda plan: passes.append(plan.num_tokens))
+    busy_s = 0.0  # seconds spent in engine.step()
+    while True:
+        batch = [] if engine.has_unfinished() else [commands.get()]  # idle: sleep until a command comes
+        while True:
+            try:
+                batch.append(commands.get_nowait())
+            except queue.Empty:
+                break
+        if batch:
+            acks = []
+            for cmd in batch:
+                if cmd is None or cmd[0] == "stop":
+                    return
+                if cmd[0] == "abort":
+                    engine.abort(cmd[1])
+                    continue
+                _, request_id, prompt, params = cmd
+                try:
+                    engine.add_request(prompt, params, request_id=request_id)
+                except (ValueError, TypeError) as e:
+                    acks.append((request_id, str(e)))
+                else:
+                    acks.append((request_id, None))
+            out_conn.send(("state", acks, engine_stats(engine, busy_s)))
+        if not engine.has_unfinished():
+            continue
+        t0 = time.perf_counter()
+        try:
+            outputs = engine.step()
+        except BaseException as e:  # noqa: BLE001
+            out_conn.send(("dead", f"{type(e).__name__}: {e}"))
+            return
+        busy_s += time.perf_counter() - t0
+        items = []
+        for output in outputs:
+            m = output.metrics
+            queue_time = None if m is None or m.first_scheduled_time is None else \
+                m.first_scheduled_time - m.arrival_time
+            items.append((output.request_id, output.new_token_ids, output.finished, output.finish_reason,
+                          queue_time))
+        if items or passes:  # a pass that scheduled nothing has nothing to say
+            out_conn.send(("out", items, passes, engine_stats(engine, busy_s)))
+            passes.clear()
