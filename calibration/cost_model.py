@@ -38,9 +38,8 @@ FEATURES = PassFeatures._fields
 LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs")
 FLOOR_TERMS = ("floor", "floor_seqs", "floor_tokens")
 # A knot at 2 tokens lets a decode graph of one sequence differ from the line through larger batches: the engine
-# runs one-row linear layers through a separate kernel path (kernels/triton_linear.py), and on an H200 a
-# llama-2-13b step took 7.7-8.8 ms at batch 1 against 9.4-10.4 ms at batch 2-3 (without the knot, held-out
-# decode errors of +12% at batch 1 and -10% at batches 2-5). Paths without passes of one token drop it.
+# runs one-row linear layers through a separate kernel path (kernels/triton_linear.py), so a batch-1 step sits off
+# that line (benchmarks/RESULTS.md, design decisions). Paths without passes of one token drop it.
 DEFAULT_KNOTS = (2, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
 DENSE_KNOTS = (2, 8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792,
                2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168)

@@ -257,7 +257,7 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
     rng = np.random.default_rng(seed + 1)
     _warm_up(llm, timer, rng)
     # Keep the engine's objects (hundreds of thousands with torch loaded) out of the garbage collections that
-    # plans.build_plan runs before each timing: a full collection over them took ~140 ms a point (CPU machine).
+    # plans.build_plan runs before each timing: a full collection over them costs more than many a pass.
     gc.freeze()
     start = time.monotonic()
     try:

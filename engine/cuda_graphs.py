@@ -1,8 +1,9 @@
 """CUDA graphs of whole passes: decode-only passes bucketed by batch size, and passes with prompt tokens
 (chunks, with or without decodes) bucketed by token count.
 
-An eager pass launches ~13 kernels per layer from Python: 16-37 ms of host time for a 7B model, longer than the
-GPU work of any pass under ~700 tokens, and jittery. Replaying a captured graph removes that cost.
+An eager pass launches about 13 kernels per layer from Python: for a 7B model that host time is longer than the
+GPU work of a pass of a few hundred tokens, and jittery (benchmarks/RESULTS.md, design decisions). Replaying a
+captured graph removes that cost.
 
 Every graph reads its inputs from views of one static int32 buffer (laid out as ``inputs.Layout`` for its
 bucket), so a pass is one host-to-device copy into that buffer plus one replay. Padding differs by kind:

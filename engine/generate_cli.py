@@ -7,7 +7,7 @@ import time
 import click
 
 from engine.config import EngineConfig
-from engine.policy import PolicyConfig, SamplingParams
+from engine.policy import PolicyConfig, SamplingParams, scheduler_class
 from engine.policy.options import config_options
 from engine.presets import BUNDLED_TINY_MODEL, PRESETS
 
@@ -44,6 +44,7 @@ def generate(model, prompts, max_tokens, temperature, top_p, top_k, **options):
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 seed=seed if temperature > 0 else None)
         config = EngineConfig.from_kwargs(model, **options)
+        scheduler_class(config.policy.scheduler)  # fail fast on a bad name, before the model loads
         start = time.monotonic()
         llm = LLM(config)
     except ValueError as e:

@@ -63,8 +63,7 @@ class ModelRunner:
 
     def to_device(self, buf: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """One host-to-device copy of a packed buffer, into ``out`` if given. On CUDA it is asynchronous, through a
-        pinned staging buffer kept across passes: pinning a new one per pass cost ~0.1 ms of host time while the
-        GPU waited (H200 host, a one-decode pass)."""
+        pinned staging buffer kept across passes: pinning a new one per pass costs host time while the GPU waits."""
         host = torch.from_numpy(buf)
         if self.device.type != "cuda":
             return host if out is None else out[:host.numel()].copy_(host)

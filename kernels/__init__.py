@@ -123,9 +123,8 @@ def graph_kernels():
     """Within: the kernel choices for CUDA-graph capture. The engine captures its graphs and runs their warm-up
     within, so every variant compiles at start-up.
     - ``linear`` of few rows on CUDA runs ``triton_linear``'s kernel (outside: cuBLAS), and ``linear_silu_and_mul``
-      its gated form (outside: cuBLAS, then ``silu_and_mul``). Eager passes stay on cuBLAS:
-      their LM head over a few sampled rows met new specializations mid-run (seven ~2 s JIT stalls in the offline
-      benchmark's timed run) for a ~3% gain on a 70 us product.
+      its gated form (outside: cuBLAS, then ``silu_and_mul``). Eager passes stay on cuBLAS: their LM head over a
+      few sampled rows would meet new kernel specializations mid-run, each a JIT stall far longer than the gain.
     - ``paged_attention`` of a mixed batch strides over a work list with a bounded grid (outside: one program per
       tile), so a graph bucket's padding sequences cost no programs (``triton_attention.GRAPH_PROGRAMS_PER_SM``).
     - on Hopper and later the Triton kernels launch with PDL (``triton_pdl``): in a replayed graph each kernel

@@ -131,8 +131,8 @@ def _attend_item(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, ctx_ptr, qsl_ptr, pacc_
     # Query tile qb of sequence seq (BLOCK_Q tokens x the GROUP heads of KV head kvh) over its causal KV range.
     # EARLY: the kernel has not waited for the previous one yet (PDL); this waits once the first KV tile is loaded,
     # if that tile holds only keys cached by earlier passes (no kernel of this pass writes them). Only a split
-    # launch (one or few tiles per program) gains: H200, one decode at 1k 4.16 -> 4.07 ms a step, while whole
-    # contexts per program lost 0.6-1.0 ms at batch 16-64 (pass_timeline_gpu.py --pdl).
+    # launch (one or few tiles per program) gains by it; whole contexts per program lost (benchmarks/RESULTS.md,
+    # design decisions).
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     ctx = tl.load(ctx_ptr + seq)
@@ -344,19 +344,18 @@ def _sm_count(device: torch.device) -> int:
 
 def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
                    context_lens: torch.Tensor, strided: bool = False) -> list[AttentionConfig]:
-    """Launches for a batch, chosen from shapes alone (no host sync); tile shapes from an H200 sweep.
+    """Launches for a batch, chosen from shapes alone (no host sync); tile shapes from a GPU sweep
+    (``benchmarks/kernels_gpu.py --sweep``; the measurements behind each choice are in benchmarks/RESULTS.md,
+    design decisions).
 
     A decode-only batch (T == B) is one launch with small M tiles and, when B * Hkv programs are fewer than
-    the SMs, a KV split toward 4 programs per SM, bounded by the block table's width (on an H200 a split cost
-    20-24% at 2-4 programs per SM, and halved batch-8 decode time at 8 KV heads). At 1-2 programs per SM, two
-    splits that each take at least ``LONG_SPLIT_MIN_TILES`` tiles: only long contexts split (see there). Software
-    pipelining: none for a split of one or few tiles per program (1 stage: 11.1 vs 15.1 us at 3 for one Llama-2-7B
-    decode at 1k, 12.5 vs 14.1 for Llama-3-8B at 4k), 2 stages otherwise (batch 64 at 1k: 257 vs 285 us;
-    ``kernels_gpu.py --sweep``). A batch with prompt
-    chunks is two launches, decodes then the rest: 4-9% faster than one launch with the chunks' larger tiles;
-    ``strided`` (for CUDA graphs), each of the two strides over a work list of its tiles with a bounded grid
-    (see ``GRAPH_PROGRAMS_PER_SM``; H200, 704-token chunk + 64 decodes at 1k: 25.6 ms a pass against 26.3 in
-    one launch of the chunks' tiles).
+    the SMs, a KV split toward 4 programs per SM, bounded by the block table's width (a split costs at 2-4
+    programs per SM and pays off far below one). At 1-2 programs per SM, two splits that each take at least
+    ``LONG_SPLIT_MIN_TILES`` tiles: only long contexts split (see there). Software pipelining: none for a split of
+    one or few tiles per program (nothing to pipeline), 2 stages otherwise. A batch with prompt chunks is two
+    launches, decodes then the rest, faster than one launch with the chunks' larger tiles; ``strided`` (for CUDA
+    graphs), each of the two strides over a work list of its tiles with a bounded grid (see
+    ``GRAPH_PROGRAMS_PER_SM``).
     """
     num_tokens, num_heads, _ = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -387,38 +386,31 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     return [AttentionConfig(decode_m, block_n, 4, 2)]
 
 
-# Decode batches of 1-2 programs per SM split contexts of over this many 64-token tiles in two. H200, decode
-# attention alone (kernels_gpu.py --sweep-long): Llama-3-8B 17 x 8k 260 -> 169 us, 32 x 8k 309 -> 263, 32 x 4k 163 ->
-# 142, 8 of 32 sequences at 8k and the rest at 1k 262 -> 159; Llama-2-7B 6 x 4k 147 -> 112. Short contexts pay the
-# merge kernel: 17 x 1k 38.7 -> 41.3 us, 32 x 1k 48.9 -> 54.7. At 3-4 programs per SM (Llama-3-8B 64, Llama-2-7B 12
-# sequences) a split gained nothing at 4-8k; 4 splits did no better than 2 on uniform contexts.
+# Decode batches of 1-2 programs per SM split contexts of over this many 64-token tiles in two: long contexts gain
+# a lot, short ones would only pay the merge kernel; at 3-4 programs per SM a split gains nothing, and 4 splits did
+# no better than 2 (kernels_gpu.py --sweep-long; benchmarks/RESULTS.md, design decisions).
 LONG_SPLIT_MIN_TILES = 16
 
-# The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages. H200, Llama-2-7B pass
-# graphs of 768 tokens recaptured per setting (pass_timeline_gpu.py --mixed-decode, two runs): 128 / 4 / 2 against
-# 64 / 4 / 2: 64 decodes at 1k + 704 prompt tokens 25.4-25.6 vs 26.1-26.5 ms, 64 at 256 19.8-20.0 vs 20.1-20.2,
-# 16 at 1k 19.5-19.6 vs 19.8; 32 was slower, 8 warps slower, 3 stages no better, 1 stage (more programs per SM)
-# slower at 64 x 1k by 1.7-2.2 ms.
+# The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages, the fastest of whole
+# 768-token pass graphs recaptured per setting (pass_timeline_gpu.py --mixed-decode; benchmarks/RESULTS.md, design
+# decisions).
 MIXED_DECODE = (128, 4, 2)
 
 # The chunks' launch of a mixed batch runs beside its decodes' launch (with PDL, in the graphs): compute-bound tiles
-# start as the memory-bound decode tiles drain. H200, Llama-2-7B 768-token pass graphs recaptured each way
-# (pass_timeline_gpu.py --overlap): 704 + 64 decodes at 256 19.54 -> 19.25 ms, at 1k 24.90 -> 24.78, 752 + 16 at
-# 1k 19.32 -> 19.25. With 64-token decode tiles or one stage (less shared memory, so both launches' programs fit
-# on an SM together) the passes were no faster.
+# start as the memory-bound decode tiles drain (pass_timeline_gpu.py --overlap; benchmarks/RESULTS.md, design
+# decisions).
 OVERLAP_CHUNKS = True
 
-# Prompt chunks. An H100 sweep (benchmarks/prefill_attention_gpu.py) of 128-row tiles with 8 warps, BLOCK_N 32-128
-# and 2-3 stages found all of them 5-35% slower than 64 x 64 with 4 warps and 3 stages.
+# Prompt chunks: 64 x 64 tiles, 4 warps, 3 stages beat every larger tile of a sweep (prefill_attention_gpu.py;
+# benchmarks/RESULTS.md, design decisions).
 CHUNK_CONFIG = AttentionConfig(64, 64, 4, 3, qlen_filter=2)
 
 
 # Mixed batches captured in a CUDA graph launch at most this many programs per SM in each of their two launches,
 # striding over a work list of their tiles: ~4 waves at the 2 programs per SM that a 64 x 128 bf16 tile pipeline
 # leaves room for. A graph's grid is sized for its bucket, whose padding sequences (256 in a large bucket) would
-# otherwise each take a program per KV head (H200, prefill 512 in a graph: attention 1.93 ms against 0.60 eager).
-# Eager launches keep one program per tile (their grid is tight, and the strided code measured 7-8% slower per
-# tile).
+# otherwise each take a program per KV head. Eager launches keep one program per tile (their grid is tight, and the
+# strided code is slower per tile; benchmarks/RESULTS.md, design decisions).
 GRAPH_PROGRAMS_PER_SM = 8
 # The per-sequence tile counts of a strided launch are one vector of at least this many lanes: one compiled
 # variant for every batch of up to 256 sequences.

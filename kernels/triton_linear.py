@@ -104,15 +104,14 @@ class LinearConfig:
     num_stages: int
 
 
-# Rows up to which ``linear`` uses this kernel on CUDA, cuBLAS beyond: at 1-16 rows it beat cuBLAS by 1-18% per
-# shape on an H200, at 32 and more it lost (benchmarks/linear_gpu.py). 0 turns the kernel off.
+# Rows up to which ``linear`` uses this kernel on CUDA, cuBLAS beyond, where cuBLAS wins (benchmarks/linear_gpu.py;
+# benchmarks/RESULTS.md, design decisions). 0 turns the kernel off.
 MAX_ROWS = 16
 
 
 def default_config(m: int, n: int, k: int) -> LinearConfig:
     """Launch shape for an [m, k] x [k, n] product: the best of a sweep over Llama-2-7B and Llama-3-8B shapes
-    on an H200 (``benchmarks/linear_gpu.py --sweep``), within 1% (one row) and 4% (2-16 rows) of each shape's
-    own best."""
+    (``benchmarks/linear_gpu.py --sweep``), close to each shape's own best."""
     if m == 1:
         return LinearConfig(1, 8, 1024 if k % 1024 == 0 else 512, 4, 3)
     return LinearConfig(16, 32, 256, 4, 5)
@@ -120,8 +119,8 @@ def default_config(m: int, n: int, k: int) -> LinearConfig:
 
 def gated_config(m: int) -> LinearConfig:
     """Launch shape of ``linear_silu_and_mul`` (``block_n`` output columns: twice as many weight rows), the best of
-    an H200 sweep on Llama-2-7B's gate/up projection (11008 x 2 rows of 4096): one row 48.5 us against 50.5 for the
-    product and ``silu_and_mul``; 16 rows 50.2 against 54.8 (CUDA-graph replays, no PDL)."""
+    a sweep on Llama-2-7B's gate/up projection (``benchmarks/linear_gpu.py``; it beats the product followed by
+    ``silu_and_mul``)."""
     return LinearConfig(1, 2, 1024, 4, 2) if m == 1 else LinearConfig(16, 32, 128, 4, 3)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from engine.policy import PolicyConfig
+from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from engine.policy.options import config_options, pick
 from sim.costs import DEFAULT_PROFILE
 from sim.sla_options import sla_options
@@ -72,6 +72,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     if progress is None:
         progress = sys.stderr.isatty()
     policy = PolicyConfig(**pick(PolicyConfig, policy_options))
+    scheduler_class(policy.scheduler), make_balancer(policy.balancer)  # fail fast on a bad name
     if replications < 1:
         raise ValueError(f"--replications must be >= 1, got {replications}")
     if rate is not None and not rate > 0:

@@ -224,3 +224,29 @@ def test_policy_layer_does_not_import_torch():
 
     code = "import engine, sys; assert 'torch' not in sys.modules, 'engine imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["take", "give_back", "remove"]), st.integers(0, 40)), max_size=80))
+def test_free_block_queue_behaves_as_an_ordered_set(ops):
+    """``FreeBlockQueue`` (stale entries, taken in runs) against a plain list used as the ordered set it stands for."""
+    from engine.policy.block_manager import FreeBlockQueue
+
+    queue, reference, held = FreeBlockQueue(range(12)), list(range(12)), []
+    for op, n in ops:
+        if op == "take":
+            n = min(n, len(reference))
+            taken = queue.take(n)
+            assert taken == reference[:n]
+            del reference[:n]
+            held += taken
+        elif op == "give_back" and held:
+            back = held[-(n % len(held) + 1):][::-1]  # the tail, reversed: as a request's blocks come back
+            del held[-len(back):]
+            queue.give_back(back)
+            reference += back
+        elif op == "remove" and reference:
+            block = reference.pop(n % len(reference))  # a cache hit on a free block
+            queue.remove(block)
+            held.append(block)
+        assert queue.size == len(reference) and list(queue) == reference

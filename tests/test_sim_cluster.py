@@ -8,7 +8,7 @@ import pytest
 from engine.policy import PolicyConfig
 from sim.capacity import estimate_capacity
 from sim.cluster import ClusterConfig, simulate
-from sim.costs import LinearCost, load_cost_model
+from sim.costs import ConstantCost, LinearCost, load_cost_model
 from sim.metrics import summarize
 from sim.workload import LengthDist, RequestTable, Workload
 
@@ -113,3 +113,20 @@ def test_per_replica_statistics():
     assert list(reps["replica"]) == [0, 1, 2]
     assert ((reps["busy_share"] > 0) & (reps["busy_share"] <= 1)).all()
     assert set(result.kv["replica"]) == {0, 1, 2} and result.kv["kv_usage"].between(0, 1).all()
+
+
+def test_every_cost_model_offers_what_the_simulator_needs():
+    """``sim.costs.CostModel`` names what a replica uses; the shipped profiles and the analytic models have it."""
+    from typing import get_type_hints
+
+    from calibration.profile import load_profile
+    from engine.policy import PassFeatures
+    from sim.costs import CostModel, builtin_llama_2_7b
+
+    features = PassFeatures(300, 200, 100, 104, 4, 100 * 1500, 200 * 900)
+    for cost in (load_profile("llama-2-7b"), builtin_llama_2_7b(), SMALL, ConstantCost(0.01)):
+        for name in get_type_hints(CostModel):
+            assert hasattr(cost, name), (type(cost).__name__, name)
+        assert cost.predict(features) > 0
+        factors = cost.noise_factors(np.random.default_rng(0).random(64))
+        assert len(factors) == 64 and all(f > 0 for f in factors)

@@ -7,7 +7,7 @@ the caller selected (only the sequences that sample in this pass).
 
 from __future__ import annotations
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "opt")
+from engine.models.config import SUPPORTED_MODEL_TYPES
 
 
 def model_class(model_type: str):

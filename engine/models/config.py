@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "opt")
+
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -56,7 +58,6 @@ class ModelConfig:
             return _opt_config(cfg)
         if model_type in ("llama", "mistral", "qwen2"):
             return _llama_config(cfg)
-        from engine.models import SUPPORTED_MODEL_TYPES
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
 
     @classmethod

@@ -16,8 +16,8 @@ from engine.policy.load_balancer import BALANCERS, LoadBalancer, ReplicaLoad, ma
 from engine.policy.plan import BatchPlan, PassFeatures, plan_features
 from engine.policy.request import Request, RequestState
 from engine.policy.sampling_params import SamplingParams
-from engine.policy.scheduler import SCHEDULERS, Scheduler, SchedulerStats, make_scheduler
+from engine.policy.scheduler import SCHEDULERS, Scheduler, SchedulerStats, make_scheduler, scheduler_class
 
 __all__ = ["BALANCERS", "BatchPlan", "BlockManager", "LoadBalancer", "PassFeatures", "PolicyConfig", "ReplicaLoad",
            "Request", "RequestState", "SCHEDULERS", "SamplingParams", "Scheduler", "SchedulerStats",
-           "make_balancer", "make_scheduler", "plan_features"]
+           "make_balancer", "make_scheduler", "plan_features", "scheduler_class"]

@@ -117,5 +117,6 @@ def make_balancer(name: str, seed: int = 0) -> LoadBalancer:
     try:
         cls = BALANCERS[name]
     except KeyError:
-        raise ValueError(f"unknown balancer {name!r}; choose one of {sorted(BALANCERS)}") from None
+        raise ValueError(f"unknown balancer {name!r} (--balancer); choose one of {', '.join(sorted(BALANCERS))}") \
+            from None
     return cls(seed)

@@ -366,6 +366,13 @@ class DecodeFirstScheduler(PrefillFirstScheduler):
 SCHEDULERS = {cls.name: cls for cls in (SplitFuseScheduler, PrefillFirstScheduler, DecodeFirstScheduler)}
 
 
+def scheduler_class(name: str) -> type[Scheduler]:
+    """The scheduler called ``name``; ValueError naming the choices for an unknown one."""
+    if name not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {name!r} (--scheduler); choose one of {', '.join(sorted(SCHEDULERS))}")
+    return SCHEDULERS[name]
+
+
 def make_scheduler(config: PolicyConfig, num_kv_blocks: int, max_model_len: int | None = None) -> Scheduler:
     """The scheduler ``config.scheduler`` names, with its own block manager of ``num_kv_blocks`` blocks."""
-    return SCHEDULERS[config.scheduler](config, num_kv_blocks, max_model_len)
+    return scheduler_class(config.scheduler)(config, num_kv_blocks, max_model_len)

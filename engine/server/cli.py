@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from engine.config import EngineConfig
-from engine.policy import PolicyConfig
+from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from engine.policy.options import config_options, pick
 
 
@@ -39,6 +39,7 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, health_in
         raise click.BadParameter("must be >= 1", param_hint="--replicas")
     try:
         config = EngineConfig.from_kwargs(model, **engine_options(options))
+        scheduler_class(config.policy.scheduler), make_balancer(config.policy.balancer)  # fail fast on a bad name
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if replicas > 1:
