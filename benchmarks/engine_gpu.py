@@ -1,6 +1,6 @@
 """The GPU engine against its rooflines and against transformers, in ONE run on one card (issue 3).
 
-Run from the repository root on a CUDA machine: ``python benchmarks/engine_gpu.py [--out DIR]``. On a random-
+Run from the repository root on a CUDA machine: ``python -m benchmarks.engine_gpu [--out DIR]``. On a random-
 weight Llama-2-7B-shaped model in bf16 it measures, in this order and in this one process: the card's ceilings
 (device-to-device copy counting bytes read + written; an 8192^3 bf16 matmul on random data); decode steps
 (batch 1 and 64 at ~1k context, as ``LLMEngine.step`` runs them with and without passes enqueued ahead, one pass
@@ -11,37 +11,33 @@ an offline run of 1,000 seeded requests (with KV-slot occupancy at peak); then, 
 transformers ``generate`` on a seeded subset of whole padded batches of 64. Where nvidia-ml-py is installed it
 also measures energy (NVML): the card's cost of reading a GB and of a bf16 TFLOP, the prefill's and both offline
 runs' joules, and the offline run's energy floor, the least time its unavoidable work takes at the power limit.
-It prints a table last and writes ``engine_gpu_<card>.json`` under --out. Imports torch, numpy, transformers and
-this repository (no simpy).
+It prints a table last and writes ``engine_gpu_<card>.json`` (``benchmarks.common.write_results``). Imports
+torch, numpy, transformers and this repository (no simpy).
+
+``pass_timeline_gpu``, ``pass_energy_gpu`` and ``server_gpu`` import its engine (``bench_engine``), hand-built
+passes (``Passes``, ``time_pass``) and workload (``workload``, ``fits_seqs``) from here.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
-import json
 import os
-import platform
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import engine.cuda_graphs  # noqa: E402
-import engine.runner  # noqa: E402
-import engine.weights  # noqa: E402
-import kernels  # noqa: E402
-from engine import SamplingParams  # noqa: E402
-from engine.llm import LLMEngine  # noqa: E402
-from engine.policy import (
-    BatchPlan,  # noqa: E402
-    Request,  # noqa: E402
-)
+import engine.cuda_graphs
+import engine.inputs
+import engine.runner
+import kernels
+from benchmarks.common import run_metadata, write_results
+from calibration.plans import PassSpec, build_plan, release
+from engine.llm import LLMEngine
+from engine.policy import BatchPlan, SamplingParams, plan_features
+from engine.weights import random_init
 
 MODEL = "llama-2-7b"
 DEV = torch.device("cuda")
@@ -49,23 +45,24 @@ SEED = 1234
 VOCAB = 32000  # token ids drawn in [3, VOCAB)
 
 
-def fast_random_init(model, seed: int, std: float = 0.02) -> None:
-    """Seeded normal weights drawn on the GPU (the engine's portable CPU-drawn init costs a minute for 7B)."""
-    generator = torch.Generator(device=DEV).manual_seed(seed)
+def bench_engine(token_budget: int = 2048) -> LLMEngine:
+    """The benchmarks' engine: random-weight ``MODEL`` in bf16 on the GPU (weights drawn there from ``SEED``),
+    ``max_num_seqs`` 256 (so decode graphs up to batch 256), 90% of the card's memory. Its KV cache holds zeros
+    until ``random_kv``."""
+    return LLMEngine(MODEL, dtype="bfloat16", device="cuda", token_budget=token_budget, max_num_seqs=256,
+                     gpu_memory_utilization=0.9, seed=SEED)
+
+
+def random_kv(llm: LLMEngine) -> None:
+    """Fill the KV cache with random values: never time attention on zeros."""
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.zero_()
-            elif "norm" in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, std, generator=generator)
+        llm.runner.kv_cache.normal_()
 
 
 def energy_meter():
     """An ``power.EnergyMeter`` of this card, or None where NVML (nvidia-ml-py) is missing: no energy figures."""
     try:
-        from power import EnergyMeter, device_handle, power_limit_w
+        from benchmarks.power import EnergyMeter, device_handle, power_limit_w
 
         handle = device_handle(torch.cuda.current_device())
         meter = EnergyMeter(handle)
@@ -99,7 +96,7 @@ def energy_costs(meter, seconds: float = 1.5, m: int = 8192, gib: float = 4.0) -
     """What work costs in energy on this card, above its idle power: joules per GB of a read-only stream (a
     reduction over ``gib``) and per TFLOP of back-to-back bf16 ``m``^3 products, each run for ``seconds``.
     At the power limit a run can take no less than its work's energy at these costs / (limit - idle)."""
-    from power import idle_watts
+    from benchmarks.power import idle_watts
 
     idle_w = idle_watts(meter)
     x = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=DEV).normal_()
@@ -151,37 +148,35 @@ def sustained_matmul_flops(seconds: float = 3.0, m: int = 8192) -> float:
 
 
 # ---- hand-built passes over the engine's own cache --------------------------------------------------------
+GREEDY = SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True)
+
+
 class Passes:
-    """Plans of decodes and prompt chunks over requests whose KV blocks come from the engine's block manager."""
+    """Plans of decodes and prompt chunks over the engine's KV cache, each made as the calibration sweep makes its
+    passes (``calibration.plans.build_plan``): a SplitFuse scheduler of the plan's own takes its requests as
+    running, their context computed (KV blocks taken; contents are the cache's random values), and schedules them,
+    so a plan is exactly what the engine would run. Each plan has its own scheduler and block manager over the
+    same cache, so two plans' block tables may share physical blocks (timing only; nothing reads their outputs).
+    The engine's own scheduler is not involved: ``release`` ends the plans' requests."""
 
     def __init__(self, llm: LLMEngine, rng: np.random.Generator):
-        self.llm, self.rng, self.made = llm, rng, []
-
-    def request(self, prompt_len: int, outputs: int = 0) -> Request:
-        r = Request(f"bench-{len(self.made)}", self.rng.integers(3, VOCAB, prompt_len).tolist(),
-                    SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True))
-        for _ in range(outputs):
-            r.append_token(int(self.rng.integers(3, VOCAB)), 0.0)
-        assert self.llm.block_manager.allocate(r, r.num_tokens), "KV cache too small for the benchmark passes"
-        self.made.append(r)
-        return r
+        self.llm, self.rng, self.schedulers = llm, rng, []
 
     def plan(self, decodes: int = 0, ctx: int = 1024, chunk: int = 0, prefix: int = 0) -> BatchPlan:
-        plan = BatchPlan()
-        for _ in range(decodes):
-            r = self.request(ctx - 1, outputs=1)
-            r.num_computed_tokens = ctx - 1
-            plan.add(r, 1, decode=True)
-        if chunk:
-            r = self.request(prefix + chunk)
-            r.num_computed_tokens = prefix
-            plan.add(r, chunk, decode=False)
+        """``decodes`` greedy decodes at context ``ctx`` (their new token's position is ``ctx`` - 1, so each
+        attends ``ctx`` tokens), then a chunk of ``chunk`` tokens that ends a prompt, after ``prefix`` computed
+        ones."""
+        spec = PassSpec("bench", decode_contexts=(ctx - 1,) * decodes, chunks=((prefix, chunk, 0),) if chunk else ())
+        llm = self.llm
+        scheduler, plan, _ = build_plan(spec, llm.num_kv_blocks, llm.block_size, self.rng,
+                                        llm.model_config.vocab_size, llm.max_model_len, GREEDY)
+        self.schedulers.append(scheduler)
         return plan
 
     def release(self) -> None:
-        for r in self.made:
-            self.llm.block_manager.free(r)
-        self.made = []
+        for scheduler in self.schedulers:
+            release(scheduler)
+        self.schedulers = []
 
 
 def time_pass(llm: LLMEngine, plan: BatchPlan, repeats: int = 20) -> dict:
@@ -206,10 +201,10 @@ def time_pass(llm: LLMEngine, plan: BatchPlan, repeats: int = 20) -> dict:
     for _ in range(repeats):
         t0 = time.perf_counter()
         if graph:
-            engine.runner.pack_inputs(plan, runner.block_size, pad_to=runner.graphs.layouts[graph],
+            engine.inputs.pack_inputs(plan, runner.block_size, pad_to=runner.graphs.layouts[graph],
                                       all_rows=graph[0] == "decode")
         else:
-            engine.runner.pack_inputs(plan, runner.block_size)
+            engine.inputs.pack_inputs(plan, runner.block_size)
         pack.append((time.perf_counter() - t0) * 1e3)
     return {"gpu_ms": float(np.median(gpu)), "gpu_ms_all": gpu, "wall_ms": float(np.median(wall)),
             "pack_ms": float(np.median(pack)),
@@ -425,9 +420,15 @@ def workload(n: int = 1000, seed: int = SEED) -> list[tuple[list[int], int]]:
     return [(rng.integers(3, VOCAB, int(p)).tolist(), int(o)) for p, o in zip(prompts, outputs)]
 
 
+# The modules that call ``engine.inputs.pack_inputs`` by the name they imported: ``Instrument`` times it there.
+PACK_CALLERS = (engine.runner, engine.cuda_graphs)
+
+
 class Instrument:
     """Host clocks around schedule / pack / update, CUDA events around each pass (``runner.launch``: passes enqueued
-    ahead are timed too, those discarded included), KV occupancy after each step."""
+    ahead are timed too, those discarded included), KV occupancy after each step. The engine has no hooks for
+    these clocks, so for the timed run they wrap this engine's scheduler and runner methods and ``pack_inputs`` in
+    the modules that call it (``PACK_CALLERS``); ``restore`` puts everything back."""
 
     def __init__(self, llm: LLMEngine):
         self.llm = llm
@@ -437,7 +438,10 @@ class Instrument:
         sched, runner = llm.scheduler, llm.runner
         self.ahead_before = dict(llm.pipeline_stats)
         orig_schedule, orig_update, orig_launch = sched.schedule, sched.update, runner.launch
-        orig_pack = engine.runner.pack_inputs
+        orig_pack = engine.inputs.pack_inputs
+        stale = [m.__name__ for m in PACK_CALLERS if getattr(m, "pack_inputs", None) is not orig_pack]
+        if stale:  # the engine moved pack_inputs: patching these would time nothing
+            raise RuntimeError(f"{', '.join(stale)} no longer call engine.inputs.pack_inputs; update PACK_CALLERS")
 
         def schedule(*a, **kw):
             t0 = time.perf_counter()
@@ -449,9 +453,10 @@ class Instrument:
             t0 = time.perf_counter()
             out = orig_update(*a, **kw)
             self.update.append(time.perf_counter() - t0)
-            bm = llm.block_manager
-            if bm.num_used_blocks >= self.peak_used:
-                self.peak_used = bm.num_used_blocks
+            kv = llm.stats()
+            used = kv.num_blocks - kv.num_free_blocks
+            if used >= self.peak_used:
+                self.peak_used = used
                 self.peak_live = sum(r.num_computed_tokens for r in sched.running)
             return out
 
@@ -464,8 +469,8 @@ class Instrument:
         def launch(plan, *a, **kw):
             key = runner.graphs.key(plan) if runner.graphs is not None else None
             self.kinds["eager" if key is None else f"{key[0]} graph"] += 1
-            d = plan.num_decodes
-            self.plans.append((plan.num_tokens, d, sum(plan.start_positions[:d]) + d))
+            f = plan_features(plan)
+            self.plans.append((f.num_tokens, f.decode_tokens, f.decode_context))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = orig_launch(plan, *a, **kw)
@@ -474,7 +479,8 @@ class Instrument:
             return out
 
         sched.schedule, sched.update, runner.launch = schedule, update, launch
-        engine.runner.pack_inputs = engine.cuda_graphs.pack_inputs = pack
+        for module in PACK_CALLERS:
+            module.pack_inputs = pack
         # Triton compilations inside the timed run (each a stall of 1-2 s), with the pass they happened in
         self.jit = []
         from triton import knobs
@@ -483,7 +489,8 @@ class Instrument:
 
         def restore():
             sched.schedule, sched.update, runner.launch = orig_schedule, orig_update, orig_launch
-            engine.runner.pack_inputs = engine.cuda_graphs.pack_inputs = orig_pack
+            for module in PACK_CALLERS:
+                module.pack_inputs = orig_pack
             knobs.runtime.jit_cache_hook = orig_hook
 
         self.restore = restore
@@ -491,7 +498,7 @@ class Instrument:
     def summary(self, wall_s: float) -> dict:
         torch.cuda.synchronize()
         gpu = np.array([s.elapsed_time(e) for s, e in self.events]) * 1e-3
-        bs = self.llm.block_manager.block_size
+        bs = self.llm.block_size
         return {"steps": len(self.events), "passes": self.kinds, "enqueued_ahead": {
                     k: v - self.ahead_before[k] for k, v in self.llm.pipeline_stats.items()},
                 "wall_s": wall_s, "gpu_s": float(gpu.sum()),
@@ -501,7 +508,7 @@ class Instrument:
                 "pack_ms_median": float(np.median(self.pack)) * 1e3,
                 "host_ms_per_step_mean": float(np.mean(self.sched) + np.mean(self.update) + np.mean(self.pack)) * 1e3,
                 "gpu_ms_per_step_median": float(np.median(gpu)) * 1e3,
-                "kv_peak_used_blocks": self.peak_used, "kv_blocks": self.llm.block_manager.num_blocks,
+                "kv_peak_used_blocks": self.peak_used, "kv_blocks": self.llm.num_kv_blocks,
                 "kv_live_tokens_at_peak": self.peak_live,
                 "kv_occupancy_at_peak": self.peak_live / max(1, self.peak_used * bs), "jit_compiles": self.jit,
                 # per pass: (tokens, decodes, decode context, GPU ms), to see where the time goes
@@ -512,8 +519,7 @@ def fits_seqs(llm: LLMEngine, reqs, cap: int = 256) -> int:
     """What a vLLM user does on seeing preemptions: cap max_num_seqs at the sequences whose mean final length
     (prompt + output) fits the KV cache. Beyond it the cache fills and requests are preempted and recomputed."""
     mean_len = float(np.mean([len(p) + o for p, o in reqs]))
-    bm = llm.block_manager
-    return int(min(cap, bm.num_blocks * bm.block_size // mean_len))
+    return int(min(cap, llm.num_kv_blocks * llm.block_size // mean_len))
 
 
 def offline(llm: LLMEngine, reqs, ceil: dict) -> dict:
@@ -539,7 +545,7 @@ def offline(llm: LLMEngine, reqs, ceil: dict) -> dict:
     res = inst.summary(wall)
     res.update(requests=len(reqs), finished=done, req_per_s=len(reqs) / wall, output_tok_per_s=output_tokens / wall,
                total_tok_per_s=(prompt_tokens + output_tokens) / wall, prompt_tokens=prompt_tokens,
-               output_tokens=output_tokens, preemptions=llm.scheduler.num_preemptions,
+               output_tokens=output_tokens, preemptions=llm.stats().num_preemptions,
                token_budget=llm.scheduler.token_budget, max_num_seqs=llm.scheduler.max_num_seqs)
     if meter:
         res["energy"] = energy_summary(meter, wall)
@@ -574,7 +580,7 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
     with torch.device(DEV):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
                                                               attn_implementation="sdpa")
-    fast_random_init(model, seed)
+    random_init(model, seed)  # as the engine draws its own weights: on the GPU, from ``seed``
     model.eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -644,7 +650,8 @@ def hf_baseline(reqs, batches: int, batch_size: int = 64, seed: int = SEED, time
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--hf-batches", type=int, default=2)
     ap.add_argument("--token-budget", type=int, default=2048, help="of the offline run (passes up to it)")
@@ -654,42 +661,31 @@ def main() -> None:
     args = ap.parse_args()
     import logging
 
-    import transformers
-    import triton
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    run_metadata()  # the run's date: its start
     props = torch.cuda.get_device_properties(DEV)
     card = props.name
-    tag = next((t for t in ("h200", "h100", "a100") if t in card.lower()), "gpu")
-    info = {"card": card, "card_memory_GiB": props.total_memory / 2**30, "sms": props.multi_processor_count,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "model": MODEL,
-            "dtype": "bfloat16"}
-    result: dict = {"info": info}
-    path = Path(args.out) / f"engine_gpu_{tag}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {"info": {"card_memory_GiB": props.total_memory / 2**30, "sms": props.multi_processor_count,
+                             "model": MODEL, "dtype": "bfloat16"}}
 
     def dump():
-        path.write_text(json.dumps(result, indent=1, default=str))
+        return write_results(args.out, "engine_gpu", result)
 
     result["ceilings"] = ceil = ceilings()
     torch.cuda.empty_cache()
     print(f"{card}: copy {ceil['copy_Bps'] / 1e12:.2f} TB/s, matmul {ceil['matmul_flops'] / 1e12:.0f} TFLOP/s "
           f"({ceil['matmul_flops_sustained'] / 1e12:.0f} sustained)", flush=True)
-    engine.weights.random_init = fast_random_init
     t0 = time.perf_counter()
-    llm = LLMEngine(MODEL, dtype="bfloat16", device=DEV, token_budget=args.token_budget, max_num_seqs=256,
-                    gpu_memory_utilization=0.9, seed=SEED)
-    result["startup"] = {"seconds": time.perf_counter() - t0, "num_kv_blocks": llm.block_manager.num_blocks,
-                         "block_size": llm.block_manager.block_size,
+    llm = bench_engine(args.token_budget)
+    result["startup"] = {"seconds": time.perf_counter() - t0, "num_kv_blocks": llm.num_kv_blocks,
+                         "block_size": llm.block_size,
                          "graph_buckets": getattr(llm.runner.graphs, "buckets", None),
                          "mixed_graph_buckets": getattr(llm.runner.graphs, "mixed_buckets", None),
                          "allocated_GiB": torch.cuda.memory_allocated() / 2**30,
                          "reserved_GiB": torch.cuda.memory_reserved() / 2**30,
                          "free_GiB": torch.cuda.mem_get_info()[0] / 2**30}
     print(f"startup: {result['startup']}", flush=True)
-    with torch.no_grad():
-        llm.runner.kv_cache.normal_()  # never time on zeros
+    random_kv(llm)
     dump()
     rng = np.random.default_rng(SEED)
     try:
@@ -719,13 +715,13 @@ def main() -> None:
     except Exception as e:
         result["transformers_error"] = repr(e)
         print(f"transformers FAILED: {e!r}", flush=True)
-    dump()
-    print_table(result)
+    path = dump()
+    print_table({"meta": run_metadata(), **result})
     print(f"wrote {path}")
 
 
 def print_table(r: dict) -> None:
-    i, c, m, o, h = r["info"], r["ceilings"], r.get("micro", {}), r.get("offline", {}), r.get("transformers", {})
+    i, c, m, o, h = r["meta"], r["ceilings"], r.get("micro", {}), r.get("offline", {}), r.get("transformers", {})
     print(f"\n{i['card']} | torch {i['torch']} | triton {i['triton']} | transformers {i['transformers']} | "
           f"{i['date']} | copy {c['copy_Bps'] / 1e12:.2f} TB/s | matmul {c['matmul_flops'] / 1e12:.0f} TFLOP/s")
     rows = []

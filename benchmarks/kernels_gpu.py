@@ -1,11 +1,12 @@
 """Check the Triton kernels against the references at full model sizes on a GPU, then time them.
 
-Run on a CUDA machine from the repository root: ``python benchmarks/kernels_gpu.py [--sweep] [--out DIR]``.
+Run on a CUDA machine from the repository root: ``python -m benchmarks.kernels_gpu [--sweep] [--out DIR]``.
 It measures its own ceilings in the same run (device-to-device copy bandwidth counting bytes read plus
 written; a large bf16 matmul), checks every kernel on fresh random bf16 data (Llama-2-7B: 32 heads of 128;
 Llama-3-8B: 32 query / 8 KV heads), times each with ``triton.testing.do_bench`` (median) over a CUDA graph
 that holds several input sets (so host overhead and L2 hits stay out), prints a table and writes
-``kernels_gpu_<card>.json``. ``--sweep`` also times alternative launch configs of the attention kernel;
+``kernels_gpu_<card>.json``. ``--sweep`` also times alternative launch configs of the attention kernel (in the same
+file);
 ``--sweep-long`` instead times only decode batches of 1-4 programs per SM at long contexts, unsplit and split with a
 least tiles per split (``kernels_gpu_long_<card>.json``).
 Imports only torch, triton and this repository's ``kernels`` (no simpy/plotly on the GPU machine).
@@ -14,22 +15,18 @@ Imports only torch, triton and this repository's ``kernels`` (no simpy/plotly on
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import reference as ref  # noqa: E402
-from kernels import triton_attention as ta  # noqa: E402
-from kernels import triton_norm, triton_rotary  # noqa: E402
+from benchmarks.common import bench_graph, run_metadata, write_results
+from kernels import reference as ref
+from kernels import triton_attention as ta
+from kernels import triton_norm, triton_rotary
 
 DEV = "cuda"
 DT = torch.bfloat16
@@ -41,18 +38,6 @@ def rel_err(out: torch.Tensor, expect: torch.Tensor) -> float:
     if out.isnan().any():
         return float("nan")
     return ((out.double() - expect.double()).norm() / expect.double().norm()).item()
-
-
-def bench_graph(fns) -> float:
-    """Median microseconds per call of each fn (one input set each), all captured into one CUDA graph."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    return do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3 / len(fns)
 
 
 def ceilings() -> tuple[float, float]:
@@ -159,34 +144,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true", help="also time alternative attention launch configs")
     ap.add_argument("--sweep-long", action="store_true", help="only time long-context decode launch configs")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON and log")
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     args = ap.parse_args()
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     props = torch.cuda.get_device_properties(0)
     card = props.name
-    tag = next((t for t in ("h200", "h100", "a100", "l40s", "l4") if t in card.lower()),
-               "".join(ch if ch.isalnum() else "_" for ch in card.lower()))
     copy_bw, mm_flops = ceilings()
     print(f"{card}: copy {copy_bw / 1e12:.2f} TB/s (read+write), bf16 matmul {mm_flops / 1e12:.0f} TFLOP/s",
           flush=True)
     checks, timings, sweep = [], [], []
     if args.sweep_long:
-        path = Path(args.out) / f"kernels_gpu_long_{tag}.json"
-        rows = sweep_long_decodes(copy_bw)
-        path.write_text(json.dumps({"card": card, "torch": torch.__version__, "triton": triton.__version__,
-                                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                    "copy_bw_Bps": copy_bw, "rows": rows}, indent=1))
+        path = write_results(args.out, "kernels_gpu_long", sweep_long_decodes(copy_bw), copy_bw_Bps=copy_bw)
         print(f"wrote {path}")
         return
-    path = Path(args.out) / f"kernels_gpu_{tag}.json"
 
-    def dump() -> Path:
-        path.write_text(json.dumps({
-            "card": card, "torch": torch.__version__, "triton": triton.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    def dump():
+        return write_results(args.out, "kernels_gpu", {
             "sms": props.multi_processor_count, "copy_bw_Bps": copy_bw, "matmul_bf16_flops": mm_flops,
-            "checks": checks, "timings": timings, "sweep": sweep}, indent=1))
-        return path
+            "checks": checks, "timings": timings, "sweep": sweep})
 
     # ---- correctness at full size -----------------------------------------------------------------------
     for model in MODELS:
@@ -312,7 +288,8 @@ def main() -> None:
             del b
 
     path = dump()
-    print(f"\n{card} | torch {torch.__version__} | triton {triton.__version__} | copy {copy_bw / 1e12:.2f} TB/s"
+    meta = run_metadata()
+    print(f"\n{card} | torch {meta['torch']} | triton {meta['triton']} | copy {copy_bw / 1e12:.2f} TB/s"
           f" | matmul {mm_flops / 1e12:.0f} TFLOP/s")
     print(f"{'kernel':<10} {'case':<44} {'us':>9} {'of copy bw':>10} {'TFLOP/s':>8}")
     for r in timings:

@@ -1,32 +1,26 @@
 """Few-row linear layers: the Triton weight-stream kernel (``kernels/triton_linear.py``) against cuBLAS.
 
-Run on a CUDA machine from the repository root: ``python benchmarks/linear_gpu.py [--sweep] [--out DIR]``.
+Run on a CUDA machine from the repository root: ``python -m benchmarks.linear_gpu [--sweep] [--out DIR]``.
 For the projections of Llama-2-7B and Llama-3-8B at 1-128 rows it times ``F.linear`` (cuBLAS) and the kernel's
 default config, prints the weight-read bandwidth of each as a share of the device-to-device copy bandwidth
 measured in the same run, and writes ``linear_gpu_<card>.json``. Times are ``do_bench`` medians of CUDA-graph
-replays cycling through enough weight copies to defeat the L2 cache (``kernels_gpu.bench_graph``). ``--sweep``
+replays cycling through enough weight copies to defeat the L2 cache (``benchmarks.common.bench_graph``). ``--sweep``
 first times a grid of launch configs per row count (the source of ``default_config``).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels_gpu import bench_graph  # noqa: E402  (this script's folder is on sys.path)
-
-from kernels import triton_linear as tl_  # noqa: E402
+from benchmarks.common import bench_graph, run_metadata, write_results
+from kernels import triton_linear as tl_
 
 DEV, DT = "cuda", torch.bfloat16
 # (N, K) of each linear layer, and how many of it a forward pass runs
@@ -71,18 +65,15 @@ def sweep_configs(m: int) -> list[tl_.LinearConfig]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configs first")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     args = ap.parse_args()
     from calibration.sweep import device_ceilings
 
     props = torch.cuda.get_device_properties(0)
-    tag = next((t for t in ("h200", "h100", "a100") if t in props.name.lower()), "gpu")
     copy_bw = device_ceilings(torch.device(DEV))["copy_bandwidth_Bps"]
     print(f"{props.name}: copy {copy_bw / 1e12:.2f} TB/s", flush=True)
-    result = {"card": props.name, "torch": torch.__version__, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "copy_bw_Bps": copy_bw, "max_rows": tl_.MAX_ROWS, "sweep": [], "rows": []}
-    path = Path(args.out) / f"linear_gpu_{tag}.json"
+    result = {"copy_bw_Bps": copy_bw, "max_rows": tl_.MAX_ROWS, "sweep": [], "rows": []}
     cases = {(n, k): None for shapes in SHAPES.values() for n, k, _ in shapes.values()}
     for key in cases:
         cases[key] = Case(*key)
@@ -106,7 +97,7 @@ def main() -> None:
                            key=lambda r: r["us"])
                 print(f"sweep m {m:3} {n:6}x{k:5}: best {best['cfg']} {best['us']:.1f} us "
                       f"{best['frac_copy_bw']:.1%}", flush=True)
-            path.write_text(json.dumps(result, indent=1))
+            write_results(args.out, "linear_gpu", result)
 
     for m in ROWS:
         for (n, k), case in cases.items():
@@ -120,9 +111,10 @@ def main() -> None:
             print(f"m {m:3} {n:6}x{k:5}  cuBLAS {cublas:7.1f} us {row['cublas_frac_copy_bw']:6.1%}  "
                   f"triton {triton_us:7.1f} us {row['triton_frac_copy_bw']:6.1%}  err {row['rel_err']:.1e}",
                   flush=True)
-        path.write_text(json.dumps(result, indent=1))
+        write_results(args.out, "linear_gpu", result)
 
-    print(f"\n{props.name} | torch {torch.__version__} | triton {triton.__version__} | copy {copy_bw / 1e12:.2f} TB/s")
+    meta = run_metadata()
+    print(f"\n{props.name} | torch {meta['torch']} | triton {meta['triton']} | copy {copy_bw / 1e12:.2f} TB/s")
     print(f"{'model':<10} {'rows':>4} {'cuBLAS ms/pass':>15} {'triton ms/pass':>15} {'ratio':>6}")
     for model, shapes in SHAPES.items():
         for m in ROWS:
@@ -131,8 +123,7 @@ def main() -> None:
             tri = sum(by[(n, k)]["triton_us"] * c for n, k, c in shapes.values()) / 1e3
             result.setdefault("per_pass", []).append({"model": model, "m": m, "cublas_ms": cub, "triton_ms": tri})
             print(f"{model:<10} {m:>4} {cub:15.3f} {tri:15.3f} {cub / tri:6.2f}")
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}")
+    print(f"wrote {write_results(args.out, 'linear_gpu', result)}")
 
 
 if __name__ == "__main__":

@@ -1,36 +1,31 @@
 """Where one pass's GPU time goes: kernels vs the gaps between them, eager vs replayed as a CUDA graph.
 
-``python benchmarks/pass_timeline_gpu.py [--out DIR] [--graph-tokens 2048]`` on a CUDA machine. Builds the
-engine of ``engine_gpu.py`` (random-weight Llama-2-7B, bf16) with pass graphs up to ``--graph-tokens``, then for
-each plan times the pass with CUDA events (as ``engine_gpu.time_pass``) eagerly and through its graph, and traces
+``python -m benchmarks.pass_timeline_gpu [--out DIR] [--graph-tokens 2048]`` on a CUDA machine. Builds the
+engine of ``engine_gpu`` (random-weight Llama-2-7B, bf16) with pass graphs up to ``--graph-tokens``, then for
+each plan times the pass with CUDA events (``engine_gpu.time_pass``) eagerly and through its graph, and traces
 one pass of each with torch.profiler: kernel time per kind, the span from the first kernel's start to the last
 kernel's end, the idle time inside it and the largest gaps with the kernel before them. Prints a table; writes
 ``pass_timeline_<card>.json``. ``--graph-programs``, ``--pdl``, ``--fused``, ``--mixed-decode`` and ``--overlap``
-instead time passes with the graphs recaptured under each setting.
+instead time passes with the graphs recaptured under each setting and write ``pass_timeline_<setting>_<card>.json``
+(experiments: ``benchmarks/results/`` keeps only the timelines).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import engine_gpu as eg  # noqa: E402
-
-import engine.cuda_graphs  # noqa: E402
-import engine.llm  # noqa: E402
-import engine.weights  # noqa: E402
-import kernels  # noqa: E402
-from engine.llm import LLMEngine  # noqa: E402
+import engine.cuda_graphs
+import engine.llm
+import kernels
+from benchmarks.common import run_metadata, write_results
+from benchmarks.engine_gpu import SEED, Passes, bench_engine, kernel_kind, random_kv, time_pass
+from engine.llm import LLMEngine
 
 SPLITFUSE = {"prefill 768": {"chunk": 768}, "752 + 16 decodes @ 1k": {"chunk": 752, "decodes": 16},
              "704 + 64 decodes @ 256": {"chunk": 704, "decodes": 64, "ctx": 256},
@@ -57,7 +52,7 @@ def trace_pass(llm: LLMEngine, plan) -> dict:
         return {"error": "no kernel events"}
     kinds: dict[str, float] = {}
     for e in kern:
-        kind = eg.kernel_kind(e["name"])
+        kind = kernel_kind(e["name"])
         kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1e3
     gaps = [(kern[i + 1]["ts"] - (kern[i]["ts"] + kern[i]["dur"]), kern[i]["name"][:50], kern[i + 1]["name"][:50])
             for i in range(len(kern) - 1)]
@@ -68,7 +63,7 @@ def trace_pass(llm: LLMEngine, plan) -> dict:
             "idle_ms": round(sum(g[0] for g in pos) / 1e3, 4), "gaps_over_10us": sum(g[0] > 10 for g in pos),
             "kinds_ms": {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "largest_gaps_us": [(round(g[0], 1), g[1], g[2]) for g in sorted(pos, reverse=True)[:5]],
-            "gemms": sorted({e["name"][:70] for e in kern if eg.kernel_kind(e["name"]) == "gemm"})}
+            "gemms": sorted({e["name"][:70] for e in kern if kernel_kind(e["name"]) == "gemm"})}
 
 
 def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[object, str, object]]],
@@ -93,7 +88,7 @@ def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[obje
             torch.cuda.empty_cache()
             runner.graphs = PassGraphs(runner, max_batch, max_tokens)
             for name, plan in built.items():
-                times[setting][name].append(eg.time_pass(llm, plan, repeats=5)["gpu_ms"])
+                times[setting][name].append(time_pass(llm, plan, repeats=5)["gpu_ms"])
     passes.release()
     out = {s: {name: float(np.median(t)) for name, t in per.items()} for s, per in times.items()}
     for s, per in out.items():
@@ -103,7 +98,8 @@ def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[obje
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     ap.add_argument("--graph-tokens", type=int, default=2048, help="largest pass graph (the engine's default: 1024)")
     ap.add_argument("--graph-programs", default="", help="comma-separated GRAPH_PROGRAMS_PER_SM values: instead of "
                     "the timelines, recapture the graphs with each and time the SplitFuse passes of engine_gpu.py")
@@ -122,18 +118,12 @@ def main() -> None:
                     "chunks' launch beside the decodes' (triton_attention.OVERLAP_CHUNKS) and after it, and time the "
                     "SplitFuse passes")
     args = ap.parse_args()
-    engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens
-    engine.weights.random_init = eg.fast_random_init
-    card = torch.cuda.get_device_properties(0).name
-    llm = LLMEngine(eg.MODEL, dtype="bfloat16", device=eg.DEV, token_budget=2048, max_num_seqs=256,
-                    gpu_memory_utilization=0.9, seed=eg.SEED)
-    with torch.no_grad():
-        llm.runner.kv_cache.normal_()
-    passes = eg.Passes(llm, np.random.default_rng(eg.SEED))
+    engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens  # the engine has no option for it: an experiment's knob
+    llm = bench_engine()
+    random_kv(llm)
+    passes = Passes(llm, np.random.default_rng(SEED))
     graphs = llm.runner.graphs
-    res = {"card": card, "torch": torch.__version__, "graph_tokens": args.graph_tokens,
-           "mixed_buckets": graphs.mixed_buckets,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "plans": {}}
+    res = {"graph_tokens": args.graph_tokens, "mixed_buckets": graphs.mixed_buckets, "plans": {}}
     recapture = args.graph_programs or args.pdl or args.mixed_decode or args.fused or args.overlap
     timelines = {} if recapture else {**PLANS, **DECODES}
     for name, kw in ((n, kw) for n, kw in timelines.items() if args.only in n):
@@ -144,7 +134,7 @@ def main() -> None:
         for _ in range(3):  # interleaved rounds: clock and power drift fall on both modes alike
             for mode in modes:
                 llm.runner.graphs = graphs if mode == "replay" else None
-                times[mode].append(eg.time_pass(llm, plan, repeats=5)["gpu_ms"])
+                times[mode].append(time_pass(llm, plan, repeats=5)["gpu_ms"])
         for mode in modes:
             llm.runner.graphs = graphs if mode == "replay" else None
             row[mode] = {"gpu_ms": float(np.median(times[mode])), "rounds_ms": times[mode]}
@@ -178,11 +168,13 @@ def main() -> None:
             for v in (args.overlap or args.mixed_decode).split(",") for o in overlaps}
         res["overlap" if args.overlap else "mixed_decode"] = sweep_recaptured(llm, passes, settings, SPLITFUSE,
                                                                               max_batch=80)
-    tag = next((t for t in ("h200", "h100") if t in card.lower()), "gpu")
-    Path(args.out, f"pass_timeline_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
+    swept = [key for key in ("graph_programs", "pdl", "fused", "mixed_decode", "overlap") if key in res]
+    path = write_results(args.out, "_".join(["pass_timeline", *swept]), res)
+    print(f"wrote {path}")
     if not res["plans"]:
         return
-    print(f"\n{card} | {res['date']}")
+    meta = run_metadata()
+    print(f"\n{meta['card']} | {meta['date']}")
     print(f"{'plan':<20} {'mode':<7} {'event ms':>9} {'kernels ms':>11} {'span ms':>8} {'idle ms':>8} {'n':>5}")
     for name, row in res["plans"].items():
         for mode in ("eager", "replay"):

@@ -1,4 +1,6 @@
-"""The card's energy and power through NVML (nvidia-ml-py), for benchmarks that ask whether the power cap binds."""
+"""The card's energy and power through NVML (nvidia-ml-py), for benchmarks that ask whether the power cap binds.
+
+Imports without nvidia-ml-py; ``device_handle`` then raises ImportError (``engine_gpu`` runs on without energy)."""
 
 from __future__ import annotations
 
@@ -6,11 +8,17 @@ import threading
 import time
 
 import numpy as np
-import pynvml
 import torch
+
+try:
+    import pynvml
+except ImportError:  # reported by device_handle, the first call any use of this module makes
+    pynvml = None
 
 
 def device_handle(index: int):
+    if pynvml is None:
+        raise ImportError("energy figures need nvidia-ml-py (import pynvml)")
     pynvml.nvmlInit()
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 

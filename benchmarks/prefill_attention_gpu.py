@@ -1,28 +1,26 @@
 """Prompt-chunk attention: launch configs of ``kernels/triton_attention.py`` against torch's flash SDPA.
 
-``python benchmarks/prefill_attention_gpu.py [--out DIR]`` on a CUDA machine. For each case (Llama-2-7B 32/32
+``python -m benchmarks.prefill_attention_gpu [--out DIR]`` on a CUDA machine. For each case (Llama-2-7B 32/32
 heads and Llama-3-8B 32/8, head dim 128, bf16, block size 16, blocks scattered at random) it checks the
 chunk launch against ``kernels.reference`` (fp32) once, times every config with ``do_bench`` (median) and prints
 TFLOP/s of causal attention (QK^T and PV of the visible pairs only). SDPA (flash, causal, contiguous K/V, no
-paging) on the fresh 2,048-token prompt is the yardstick of what this card gives.
+paging) on the fresh 2,048-token prompt is the yardstick of what this card gives. Writes
+``prefill_attention_gpu_<card>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import reference as ref  # noqa: E402
-from kernels import triton_attention as ta  # noqa: E402
+from benchmarks.common import run_metadata, write_results
+from kernels import reference as ref
+from kernels import triton_attention as ta
 
 CONFIGS = [(64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3), (128, 64, 4, 2),
            (64, 128, 4, 2)]
@@ -56,12 +54,13 @@ def make(heads, kv_heads, pairs, dev="cuda", dtype=torch.bfloat16, d=128, bs=16)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     args = ap.parse_args()
     torch.manual_seed(0)
     scale = 128 ** -0.5
-    rows, result = [], {"card": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__}
+    rows = []
     for name, (h, hkv, pairs) in CASES.items():
         inputs, flops = make(h, hkv, pairs)
         chunk_rows = inputs[5][-1].item() - sum(1 for c, _ in pairs if c == 1)
@@ -91,10 +90,9 @@ def main() -> None:
                                    enable_gqa=hkv != h)
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             rows.append((name, "torch SDPA causal (contiguous)", ms, flops / ms / 1e9, ""))
-    result["rows"] = rows
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "prefill_attention_gpu.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"{result['card']} triton {result['triton']} torch {result['torch']}")
+    print(f"wrote {write_results(args.out, 'prefill_attention_gpu', rows)}")
+    meta = run_metadata()
+    print(f"{meta['card']} triton {meta['triton']} torch {meta['torch']}")
     for name, cfg, ms, tf, note in rows:
         print(f"{name:38s} {str(cfg):32s} {ms * 1e3:9.1f} us {tf:7.0f} TFLOP/s  {note}")
 

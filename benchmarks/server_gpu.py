@@ -1,7 +1,7 @@
 """The server path against the offline pipeline on the GPU engine benchmark's workload (issue 6's GPU check).
 
-``python benchmarks/server_gpu.py [--requests 300] [--out DIR]`` on a CUDA machine. A seeded subset of
-``benchmarks/engine_gpu.py``'s 1,000 requests (prompts uniform 128-2,048, outputs uniform 64-512, the same token
+``python -m benchmarks.server_gpu [--requests 300] [--out DIR]`` on a CUDA machine. A seeded subset of
+``benchmarks.engine_gpu``'s 1,000 requests (prompts uniform 128-2,048, outputs uniform 64-512, the same token
 ids) runs twice, each in a fresh process with the same engine config and random-weight Llama-2-7B (bf16):
 1. offline: ``LLM.generate`` on all of them at once;
 2. server: ``splitfuse serve`` (the click command itself, in a child process) driven over HTTP by ``splitfuse
@@ -19,26 +19,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.common import ROOT, run_metadata, write_results
+
+SELF = [sys.executable, "-m", "benchmarks.server_gpu"]  # this script in a child process (run from ROOT)
+
 
 def requests(n: int, seed: int, shrink: int, part: int = 0) -> list[tuple[list[int], int]]:
-    """``n`` of engine_gpu.py's requests, chosen by a seeded permutation; ``part`` 1 gives the next ``n`` (the
+    """``n`` of engine_gpu's requests, chosen by a seeded permutation; ``part`` 1 gives the next ``n`` (the
     warm-up set: same distribution, no shared prompt, so no prefix-cache hit on the timed set)."""
-    from engine_gpu import workload
+    from benchmarks.engine_gpu import workload
 
     reqs = workload(1000)
     pick = np.random.default_rng(seed).permutation(len(reqs))[part * n:(part + 1) * n]
@@ -61,56 +62,32 @@ def engine_kwargs(a) -> dict:
                 max_num_seqs=a.max_num_seqs, seed=1234)
 
 
-def patch_init(device: str) -> None:
-    if device == "cuda":  # seeded weights drawn on the GPU, as engine_gpu.py does (the CPU draw takes a minute)
-        from engine_gpu import fast_random_init
-
-        import engine.weights
-        engine.weights.random_init = fast_random_init
-
-
-def patch_cuda_init() -> None:
-    """Run in the server's engine process (SPLITFUSE_ENGINE_INIT): a spawned process inherits no patches."""
-    patch_init("cuda")
-
-
 def run_offline(a) -> dict:
     """Child process: LLM.generate on the workload, timed after a warm-up."""
-    patch_init(a.device)
     from engine import SamplingParams
     from engine.llm import LLM
 
     reqs = requests(a.requests, a.seed, a.shrink)
     llm = LLM(a.model, **{**engine_kwargs(a), "max_num_seqs": a.max_num_seqs or 256})
-    if not a.max_num_seqs:  # engine_gpu.py's rule on this card's KV cache; the server then gets the same number
-        from engine_gpu import fits_seqs, workload
+    if not a.max_num_seqs:  # engine_gpu's rule on this card's KV cache; the server then gets the same number
+        from benchmarks.engine_gpu import fits_seqs, workload
         llm.engine.scheduler.max_num_seqs = fits_seqs(llm.engine, workload(1000))
     params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
     warm = warmup(a)
     llm.generate([p for p, _ in warm], [params(o) for _, o in warm])
-    sizes, schedule = [], llm.engine.scheduler.schedule
-
-    def counted(*args, **kwargs):
-        plan = schedule(*args, **kwargs)
-        if plan is not None:
-            sizes.append(plan.num_tokens)
-        return plan
-
-    llm.engine.scheduler.schedule = counted
+    sizes = []
+    llm.engine.scheduler.observe(lambda plan: sizes.append(plan.num_tokens))  # the timed run's passes
     t0 = time.perf_counter()
     outs = llm.generate([p for p, _ in reqs], [params(o) for _, o in reqs])
     wall = time.perf_counter() - t0
     assert all(len(o.token_ids) == n for o, (_, n) in zip(outs, reqs)), "an offline request fell short"
     return {"wall_s": wall, "passes": len(sizes), "mean_tokens_per_pass": float(np.mean(sizes)),
-            "preemptions": llm.engine.scheduler.num_preemptions,
-            "max_num_seqs": llm.engine.scheduler.max_num_seqs, "kv_blocks": llm.engine.block_manager.num_blocks}
+            "preemptions": llm.engine.stats().num_preemptions,
+            "max_num_seqs": llm.engine.scheduler.max_num_seqs, "kv_blocks": llm.engine.num_kv_blocks}
 
 
 def serve_child(a) -> None:
     """Child process: ``splitfuse serve`` with the benchmark's engine config."""
-    patch_init(a.device)
-    if a.device == "cuda":
-        os.environ["SPLITFUSE_ENGINE_INIT"] = "server_gpu:patch_cuda_init"
     from engine.server.cli import serve
 
     process_flag = "--engine-process" if a.engine_process else "--no-engine-process"
@@ -122,7 +99,7 @@ def serve_child(a) -> None:
 
 def client_share(url: str, model: str, batch, t_start: float) -> list:
     """One client process: its share of the requests, each from its own connection, all sent at ``t_start``."""
-    from engine.server.bench import run_workload
+    from sim.bench import run_workload
 
     table = SimpleNamespace(prompt_tokens=[len(p) for p, _ in batch], output_tokens=[o for _, o in batch],
                             arrivals=None)
@@ -133,10 +110,10 @@ def client_share(url: str, model: str, batch, t_start: float) -> list:
 def run_server(a) -> dict:
     import httpx
 
-    from engine.server.bench import scrape, server_delta, to_result
+    from sim.bench import scrape, server_delta, to_result
     from sim.metrics import summarize
 
-    cmd = [sys.executable, __file__, "serve", *forwarded(a)]
+    cmd = [*SELF, "serve", *forwarded(a)]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     url = f"http://127.0.0.1:{a.port}"
     try:
@@ -199,14 +176,15 @@ def forwarded(a) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("role", nargs="?", default="main", choices=["main", "offline", "serve"])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     ap.add_argument("--model", default="llama-2-7b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--shrink", type=int, default=1, help="divide prompt and output lengths (CPU smoke runs)")
     ap.add_argument("--token-budget", type=int, default=2048)
-    ap.add_argument("--max-num-seqs", type=int, default=0, help="0: as engine_gpu.py chooses (fits_seqs)")
+    ap.add_argument("--max-num-seqs", type=int, default=0, help="0: as engine_gpu chooses (fits_seqs)")
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                     help="serve with the engine in a thread of the API process (the old path), for comparison")
@@ -222,30 +200,24 @@ def main() -> None:
         return
     reqs = requests(a.requests, a.seed, a.shrink)
     n_out = sum(o for _, o in reqs)
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "server_gpu_offline.tmp.json"
-    subprocess.run([sys.executable, __file__, "offline", "--result", str(tmp), *forwarded(a)], cwd=ROOT, check=True)
-    offline = json.loads(tmp.read_text())
-    tmp.unlink()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "offline.json"
+        subprocess.run([*SELF, "offline", "--result", str(result), *forwarded(a)], cwd=ROOT, check=True)
+        offline = json.loads(result.read_text())
     a.max_num_seqs = offline["max_num_seqs"]
     server = run_server(a)
-    card = "cpu"
-    if a.device == "cuda":
-        card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True).stdout.strip().splitlines()[0]
-    tag = next((t for t in ("h200", "h100", "a100") if t in card.lower()), a.device)
-    res = {"card": card, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "config": {k: v for k, v in vars(a).items() if k not in ("role", "out", "result")},
+    res = {"config": {k: v for k, v in vars(a).items() if k not in ("role", "out", "result")},
            "prompt_tokens": sum(len(p) for p, _ in reqs), "output_tokens": n_out, "offline": offline,
            "server_run": server}
     for k, seconds in (("offline", offline["wall_s"]), ("server", server["span_s"])):
         res[f"{k}_req_per_s"] = a.requests / seconds
         res[f"{k}_out_tok_per_s"] = n_out / seconds
     res["ratio"] = res["server_req_per_s"] / res["offline_req_per_s"]
-    (out_dir / f"server_gpu_{tag}.json").write_text(json.dumps(res, indent=1, default=str))
-    print(f"\n{card} | {a.requests} requests ({res['prompt_tokens']} prompt, {n_out} output tokens) | "
-          f"budget {a.token_budget}, max_num_seqs {a.max_num_seqs}")
+    card = None if a.device == "cuda" else a.device  # a CPU smoke run is not the GPU's result
+    path = write_results(a.out, "server_gpu", res, card=card)
+    print(f"wrote {path}")
+    print(f"\n{card or run_metadata()['card']} | {a.requests} requests ({res['prompt_tokens']} prompt, {n_out} output "
+          f"tokens) | budget {a.token_budget}, max_num_seqs {a.max_num_seqs}")
     print(f"offline LLM.generate : {offline['wall_s']:.1f} s, {res['offline_req_per_s']:.2f} req/s, "
           f"{res['offline_out_tok_per_s']:.0f} out tok/s, preemptions {offline['preemptions']}, "
           f"{offline['passes']} passes of {offline['mean_tokens_per_pass']:.0f} tokens")

@@ -13,8 +13,9 @@ numpy columns; ``--frames`` also builds the result DataFrames (importing pandas)
 machine; the table gives each side's fastest and median round and their ratio. On a shared machine the fastest
 round is the least disturbed one.
 
-    python benchmarks/sim_speed.py                                # both cases, once each
-    python benchmarks/sim_speed.py --case a --rounds 7 --baseline /tmp/old
+    python -m benchmarks.sim_speed                                # both cases, once each
+    python -m benchmarks.sim_speed --case a --rounds 7 --baseline /tmp/old
+    python -m benchmarks.sim_speed --out benchmarks/results/      # also writes sim_speed_<card>.json there
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def run_case(replicas: int, num_requests: int, frames: bool = False) -> None:
 
 
 def time_child(tree: Path, case: str, frames: bool) -> dict:
-    """One run of ``tree``'s own sim_speed.py for ``case`` in a fresh process: wall and CPU seconds, peak RSS."""
+    """One run of ``tree``'s own sim_speed.py for ``case`` in a fresh process: wall and CPU seconds, peak RSS. The
+    child runs the script by its path (its ``--run`` imports only the simulator), which works in any checkout,
+    including old ones where ``benchmarks`` is not yet a package."""
     script = tree / "benchmarks" / "sim_speed.py"
     command = [sys.executable, str(script), "--run", case] + (["--frames"] if frames else [])
     env = {**os.environ, "PYTHONPATH": str(tree)}  # before the installed (editable) project
@@ -81,7 +84,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each side per case (alternating)")
     parser.add_argument("--baseline", type=Path, help="another checkout to time in the same run")
     parser.add_argument("--frames", action="store_true", help="also build the result DataFrames (imports pandas)")
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--out", type=Path, help="write the results as JSON: this file, or sim_speed_<card>.json "
+                        "in this existing folder")
     parser.add_argument("--run", choices=list(CASES), help=argparse.SUPPRESS)  # the timed child process
     args = parser.parse_args()
     if args.run:
