@@ -105,9 +105,3 @@ class RequestLog:
         if self.measured_to is not None:
             cols["measured"] &= cols["id"] < self.measured_to
         return cols
-
-    def to_frame(self):
-        """``to_columns()`` as a DataFrame."""
-        import pandas as pd
-
-        return pd.DataFrame(self.to_columns())

@@ -115,10 +115,6 @@ class BlockManager:
         return self._free.size
 
     @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self._free.size
-
-    @property
     def usage(self) -> float:
         return 1.0 - self._free.size / self.num_blocks
 

@@ -95,10 +95,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def token_ids(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end) without copying the whole sequence."""
         p = self.num_prompt_tokens
