@@ -34,7 +34,9 @@ import numpy as np
 
 from engine.policy import PassFeatures
 
-FEATURES = PassFeatures._fields
+# The device model's inputs: every pass feature but the sampled entries, whose cost is the serving loop's (the
+# sampling rows' LM head is in num_seqs).
+FEATURES = tuple(f for f in PassFeatures._fields if f != "num_samples")
 LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs")
 FLOOR_TERMS = ("floor", "floor_seqs", "floor_tokens")
 # A knot at 2 tokens lets a decode graph of one sequence differ from the line through larger batches: the engine

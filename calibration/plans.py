@@ -54,6 +54,10 @@ class PassSpec:
         return [1] * len(self.decode_contexts) + [n for _, n, _ in self.chunks]
 
     @property
+    def samples(self) -> list[bool]:
+        return [True] * len(self.decode_contexts) + [left == 0 for _, _, left in self.chunks]
+
+    @property
     def key(self) -> str:
         """Stable identity, for resuming a sweep."""
         digest = hashlib.sha1(repr((self.decode_contexts, self.chunks)).encode()).hexdigest()[:16]

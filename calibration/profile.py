@@ -1,5 +1,6 @@
 """A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
-fitted cost model, the spread of pass times and the KV capacity the engine gets on that card.
+fitted cost model, the spread of pass times, the KV capacity the engine gets on that card and (from version 3)
+what the serving loop adds to each pass (``calibration.serving``).
 
 Torch-free and cheap to import: the simulator loads profiles and calls ``predict`` millions of times.
 """
@@ -12,10 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from calibration.cost_model import FEATURES, PassModel
+from calibration.serving import ServingModel
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
-VERSION = 2
+VERSION = 3  # 3: an optional "serving" section; version 2 files (without it) are read too
+READS = (2, 3)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -25,7 +28,7 @@ class Profile:
 
     def __init__(self, meta: Mapping, block_size: int, num_kv_blocks: int, max_model_len: int, model: PassModel,
                  *, points: list[dict] | None = None, noise: list[float] | None = None,
-                 fit: Mapping | None = None) -> None:
+                 fit: Mapping | None = None, serving: ServingModel | None = None) -> None:
         self.meta = dict(meta)
         self.block_size = int(block_size)
         self.num_kv_blocks = int(num_kv_blocks)
@@ -34,8 +37,9 @@ class Profile:
         self.points = points or []
         self.noise = sorted(float(x) for x in (noise or []))
         self.fit = dict(fit or {})
-        # The fitted model's own method answers ``predict`` (one call less on the simulator's hot path).
-        self.predict = model.predict
+        self.serving = serving
+        if serving is None:  # the fitted model's own method answers (one call less on the simulator's hot path)
+            self.predict = model.predict
         self._noise = None  # the noise as a numpy array, made on first use
 
     def __repr__(self) -> str:
@@ -45,8 +49,9 @@ class Profile:
 
     # -- prediction (the simulator's hot path) ---------------------------------------------------------------
     def predict(self, f: PassFeatures) -> float:
-        """Median seconds of one engine step running a pass with features ``f`` (``plan_features(plan)``)."""
-        return self.model.predict(f)  # replaced per instance by the model's bound method (see __init__)
+        """Median seconds of one served pass with features ``f`` (``plan_features(plan)``): the engine step, plus the
+        serving loop's work where the profile has it."""
+        return self.model.predict(f) + self.serving.seconds(f.num_samples)
 
     def noise_factors(self, uniforms) -> list[float]:
         """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the factor for
@@ -59,6 +64,11 @@ class Profile:
         if self._noise is None:
             self._noise = np.asarray(self.noise)
         return self._noise[(uniforms * n).astype(np.int64)].tolist()
+
+    def with_serving(self, serving: ServingModel | None) -> Profile:
+        """This profile with ``serving`` as its serving loop's cost per pass."""
+        return Profile(self.meta, self.block_size, self.num_kv_blocks, self.max_model_len, self.model,
+                       points=self.points, noise=self.noise, fit=self.fit, serving=serving)
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -73,6 +83,7 @@ class Profile:
             "cost_model": self.model.to_dict(),
             "fit": self.fit,
             "noise": self.noise,
+            **({"serving": self.serving.to_dict()} if self.serving is not None else {}),
             "points": {"columns": columns, "rows": [[p.get(c) for c in columns] for p in self.points]},
         }
 
@@ -91,9 +102,9 @@ class Profile:
             raise bad(f"expected a JSON object at the top, got {type(d).__name__}")
         if d.get("format") != FORMAT:
             raise bad(f"'format' is {d.get('format')!r}, expected {FORMAT!r}")
-        if d.get("version") != VERSION:
+        if d.get("version") not in READS:
             raise ValueError(f"{source}: profile version {d.get('version')!r} is not supported; this code reads "
-                             f"version {VERSION} (re-run `splitfuse profile` or refit the points)")
+                             f"versions {', '.join(map(str, READS))} (re-run `splitfuse profile` or refit the points)")
         for key in ("meta", "block_size", "num_kv_blocks", "max_model_len", "cost_model"):
             if key not in d:
                 raise bad(f"missing key {key!r}")
@@ -116,8 +127,14 @@ class Profile:
                                                   for x in noise):
             raise bad("'noise' must be a list of positive numbers")
         points = _points_from(d.get("points", {"columns": [], "rows": []}), bad)
+        serving = None
+        if d.get("serving") is not None:
+            try:
+                serving = ServingModel.from_dict(d["serving"])
+            except ValueError as e:
+                raise bad(str(e)) from None
         return cls(meta, d["block_size"], d["num_kv_blocks"], d["max_model_len"], model, points=points,
-                   noise=noise, fit=d.get("fit") or {})
+                   noise=noise, fit=d.get("fit") or {}, serving=serving)
 
 
 def _points_from(p, bad) -> list[dict]:

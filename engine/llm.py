@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +19,15 @@ import torch
 from engine.config import EngineConfig
 from engine.cuda_graphs import MAX_GRAPH_TOKENS
 from engine.memory import num_kv_blocks_for
-from engine.policy import BatchPlan, Request, SamplingParams, SchedulerStats, make_scheduler
+from engine.policy import (
+    BatchPlan,
+    PassFeatures,
+    Request,
+    SamplingParams,
+    SchedulerStats,
+    make_scheduler,
+    plan_features,
+)
 from engine.prompts import check_prompt
 from engine.runner import LaunchedPass, ModelRunner
 from engine.weights import load_model
@@ -45,6 +54,25 @@ class RequestMetrics:
     @property
     def e2e(self) -> float | None:
         return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class PassRecord:
+    """One engine step as it ran (``time.perf_counter`` seconds): entered, plan made, pass enqueued (inputs
+    copied, graph replayed or kernels launched), sampled ids on the host (the one sync), applied by the scheduler,
+    outputs built. ``path``: "decode-graph", "mixed-graph" or "eager"; ``ahead``: the pass was enqueued during the
+    step before. A profile's pass (``calibration.sweep``) spans ``start`` to ``updated``."""
+
+    start: float
+    scheduled: float
+    launched: float
+    sampled: float
+    updated: float
+    end: float
+    features: PassFeatures
+    path: str
+    ahead: bool
+    num_outputs: int
 
 
 @dataclass
@@ -150,6 +178,7 @@ class LLMEngine:
         self.pipeline_decodes = config.pipeline_decodes
         self._ahead: tuple[BatchPlan, list[int], LaunchedPass] | None = None  # the pass enqueued ahead
         self.pipeline_stats = {"enqueued": 0, "used": 0, "discarded": 0}
+        self._pass_observers: list[Callable[[PassRecord], None]] = []
 
     @property
     def block_size(self) -> int:
@@ -162,6 +191,11 @@ class LLMEngine:
     def stats(self) -> SchedulerStats:
         """Running and waiting requests, preemptions, passes and KV blocks, from the scheduler."""
         return self.scheduler.stats()
+
+    def trace_passes(self, callback: Callable[[PassRecord], None]) -> None:
+        """Call ``callback`` with a ``PassRecord`` of every step that ran a pass (a pass-level trace; timing
+        benchmarks read it instead of wrapping the engine's parts)."""
+        self._pass_observers.append(callback)
 
     # -- requests in -------------------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -211,16 +245,32 @@ class LLMEngine:
     # -- one forward pass --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule and run one pass; returns an output for every request that got a token or finished."""
+        start = time.perf_counter()
         plan = self.scheduler.schedule(time.monotonic())
         launched = self._take_ahead(plan)
         if plan is None:
             return []
+        scheduled = time.perf_counter()
+        ahead = launched is not None
         if launched is None:
             launched = self.runner.launch(plan)
+        enqueued = time.perf_counter()
         if self.pipeline_decodes:
             self._enqueue_ahead(plan, launched)
         sampled = launched.result()
+        sampled_at = time.perf_counter()
         finished = self.scheduler.update(plan, sampled, time.monotonic())
+        updated = time.perf_counter()
+        outputs = self._outputs(plan, finished)
+        if self._pass_observers:
+            record = PassRecord(start, scheduled, enqueued, sampled_at, updated, time.perf_counter(),
+                                plan_features(plan), self.runner.path(plan), ahead, len(outputs))
+            for callback in self._pass_observers:
+                callback(record)
+        return outputs
+
+    def _outputs(self, plan: BatchPlan, finished: list[Request]) -> list[RequestOutput]:
+        """An output for every request of ``plan`` that sampled a token, and for every one that finished."""
         outputs = []
         for request, samples in zip(plan.requests, plan.samples):
             entry = self._requests.get(request.request_id)

@@ -99,6 +99,11 @@ class ModelRunner:
     def uses_graph(self, plan: BatchPlan) -> bool:
         return self.graphs is not None and self.graphs.fits(plan)
 
+    def path(self, plan: BatchPlan) -> str:
+        """How ``plan`` runs: "decode-graph", "mixed-graph" or "eager"."""
+        key = self.graphs.key(plan) if self.graphs is not None else None
+        return "eager" if key is None else f"{key[0]}-graph"
+
     @torch.inference_mode()
     def launch(self, plan: BatchPlan, ids_from: torch.Tensor | None = None) -> LaunchedPass:
         """Enqueue one pass for the plan; ``result()`` of the returned pass gives one sampled token id per entry

@@ -33,6 +33,7 @@ class Record:
     chunk_times: list[float] = field(default_factory=list)  # one per streamed event that carried tokens
     output_tokens: int = 0
     error: str | None = None
+    response_id: str | None = None  # the server's id of the completion
 
 
 def make_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int | None) -> list:
@@ -58,6 +59,8 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float) 
                     continue
                 now = time.perf_counter() - t0
                 event = json.loads(line[6:])
+                if record.response_id is None:
+                    record.response_id = event.get("id")
                 if "error" in event:
                     record.error = event["error"].get("message", str(event))
                     return
@@ -78,12 +81,14 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float) 
 
 
 async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
-                       t0: float | None = None) -> list[Record]:
+                       t0: float | None = None, ids=None) -> list[Record]:
     """Send every request (open or closed loop); times are seconds since ``t0`` (a ``time.perf_counter`` value,
-    system-wide on Linux, so client processes started together can share it; default: now)."""
+    system-wide on Linux, so client processes started together can share it; default: now). ``ids``: send only
+    these rows of ``table`` (one client process's share)."""
     import httpx
 
-    records = [Record(i, int(p), int(o)) for i, (p, o) in enumerate(zip(table.prompt_tokens, table.output_tokens))]
+    ids = range(len(table)) if ids is None else ids
+    records = {i: Record(i, int(table.prompt_tokens[i]), int(table.output_tokens[i])) for i in ids}
     limits = httpx.Limits(max_connections=max(clients, 1) + 1024)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10), limits=limits) as client:
         t0 = time.perf_counter() if t0 is None else t0
@@ -92,16 +97,38 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
                 await asyncio.sleep(max(0.0, t0 + float(table.arrivals[i]) - time.perf_counter()))
                 await send(client, url, model, prompts[i], records[i], t0)
 
-            await asyncio.gather(*(at(i) for i in range(len(records))))
+            await asyncio.gather(*(at(i) for i in records))
         else:  # closed loop: each client sends its next request when the last one finishes
-            next_id = iter(range(len(records)))
+            next_id = iter(records)
 
             async def worker() -> None:
                 for i in next_id:
                     await send(client, url, model, prompts[i], records[i], t0)
 
             await asyncio.gather(*(worker() for _ in range(clients)))
-    return records
+    return list(records.values())
+
+
+def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout: float,
+               processes: int = 1, t0: float | None = None) -> list[Record]:
+    """``run_workload`` spread over ``processes`` client processes that share one clock origin ``t0`` (default:
+    0.2 s from now, so every process is up before the first arrival): one Python process parsing thousands of
+    streamed events a second lags the server it measures. Process p sends rows p, p + processes, ...; in closed
+    loop it runs its share of the ``clients``. Records come back in row order."""
+    t0 = time.perf_counter() + 0.2 if t0 is None else t0
+    if processes <= 1:
+        return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0))
+    import multiprocessing
+
+    shares = [(url, model, table, prompts, clients // processes + (p < clients % processes), timeout, t0,
+               range(p, len(table), processes)) for p in range(min(processes, len(table)))]
+    with multiprocessing.get_context("fork").Pool(len(shares)) as pool:
+        parts = pool.starmap(_run_share, shares)
+    return sorted((r for part in parts for r in part), key=lambda r: r.id)
+
+
+def _run_share(url, model, table, prompts, clients, timeout, t0, ids) -> list[Record]:
+    return asyncio.run(run_workload(url, model, table, prompts, max(clients, 1), timeout, t0, ids))
 
 
 @dataclass
@@ -182,9 +209,11 @@ def server_delta(before: dict, after: dict) -> dict:
 @click.option("--seed", type=int, default=0, show_default=True)
 @sla_options
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per request.")
+@click.option("--client-processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Client processes to spread the requests over (one process can lag a fast server).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write requests.csv and summary.json.")
 def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len, output_len, max_prompt_len,
-          vocab_size, seed, sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, timeout, out):
+          vocab_size, seed, sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, timeout, client_processes, out):
     """Benchmark any OpenAI-compatible server; prints the simulator's summary table."""
     import httpx
 
@@ -211,7 +240,7 @@ def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len
                + (f" at {rate:.3g} req/s" if rate else f" with {clients} clients") + f", {num_requests} requests")
 
     before = scrape(url)
-    records = asyncio.run(run_workload(url, model, table, prompts, clients, timeout))
+    records = run_spread(url, model, table, prompts, clients, timeout, client_processes)
     result = to_result(records, seed, server_delta(before, scrape(url)))
     summary = summarize(result, sla)
     failed = [r for r in records if r.error is not None]

@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "profile": ("calibration.cli", "profile", "Profile a GPU into a cost model, or --check a profile."),
     "serve": ("engine.server.cli", "serve", "Serve a model over an OpenAI-compatible HTTP API."),
     "bench": ("sim.bench", "bench", "Benchmark any OpenAI-compatible server."),
+    "validate": ("sim.validate", "validate", "Compare the simulator with the real engine behind its server."),
 }
 
 

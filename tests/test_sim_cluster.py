@@ -123,7 +123,7 @@ def test_every_cost_model_offers_what_the_simulator_needs():
     from engine.policy import PassFeatures
     from sim.costs import CostModel, builtin_llama_2_7b
 
-    features = PassFeatures(300, 200, 100, 104, 4, 100 * 1500, 200 * 900)
+    features = PassFeatures(300, 200, 100, 104, 4, 100 * 1500, 200 * 900, 101)
     for cost in (load_profile("llama-2-7b"), builtin_llama_2_7b(), SMALL, ConstantCost(0.01)):
         for name in get_type_hints(CostModel):
             assert hasattr(cost, name), (type(cost).__name__, name)

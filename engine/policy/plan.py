@@ -58,6 +58,7 @@ class PassFeatures(NamedTuple):
     prefill_seqs: int
     decode_context: int  # sum over decodes of their context (tokens attended), for KV bytes read
     prefill_attention: int  # sum over prompt chunks of new tokens x context, for attention FLOPs
+    num_samples: int  # entries that sample a token: each becomes an output the serving loop hands out
 
     @classmethod
     def from_mapping(cls, values) -> PassFeatures:
@@ -67,9 +68,9 @@ class PassFeatures(NamedTuple):
 
 def plan_features(plan) -> PassFeatures:
     """The features of a pass: ``plan`` is a ``BatchPlan`` or anything with its ``num_decodes``,
-    ``num_prefill_tokens``, ``start_positions`` and ``num_new_tokens`` (decodes first)."""
+    ``num_prefill_tokens``, ``start_positions``, ``num_new_tokens`` and ``samples`` (decodes first)."""
     d, prefill_tokens = plan.num_decodes, plan.num_prefill_tokens
-    starts, new = plan.start_positions, plan.num_new_tokens
+    starts, new, samples = plan.start_positions, plan.num_new_tokens, plan.samples
     num_seqs = len(new)
     prefill_attention = 0
     for i in range(d, num_seqs):
@@ -78,7 +79,8 @@ def plan_features(plan) -> PassFeatures:
     # tuple.__new__ directly: a NamedTuple's own constructor is a Python function, a cost on the simulator's
     # hot path
     return _new_tuple(PassFeatures, (d + prefill_tokens, prefill_tokens, d, num_seqs, num_seqs - d,
-                                     sum(starts[:d] if d < num_seqs else starts) + d, prefill_attention))
+                                     sum(starts[:d] if d < num_seqs else starts) + d, prefill_attention,
+                                     d + sum(samples[d:]) if d < num_seqs else d))
 
 
 _new_tuple = tuple.__new__

@@ -29,10 +29,12 @@ def engine_options(options: dict) -> dict:
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--engine-process/--no-engine-process", default=True, show_default=True,
               help="Run the engine in its own process (HTTP streaming never holds its GIL), else in a thread.")
+@click.option("--pass-trace", type=click.Path(dir_okay=False), default=None,
+              help="Write the engine's pass-level trace (JSON lines) to this file when the server stops.")
 @config_options(PolicyConfig)
 @config_options(EngineConfig)
 def serve(model, host, port, served_model_name, max_waiting, replicas, health_interval, threads, log_level,
-          engine_process, **options):
+          engine_process, pass_trace, **options):
     """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API."""
     name = served_model_name or model
     if replicas < 1:
@@ -42,6 +44,8 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, health_in
         scheduler_class(config.policy.scheduler), make_balancer(config.policy.balancer)  # fail fast on a bad name
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    if pass_trace and (replicas > 1 or not engine_process):
+        raise click.UsageError("--pass-trace needs one replica with --engine-process")
     if replicas > 1:
         from engine.server.router import run_router
 
@@ -55,7 +59,7 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, health_in
     if engine_process:
         from engine.server.engine_core import EngineSpec
 
-        engine = EngineSpec(model, engine_options(options), threads)
+        engine = EngineSpec(model, engine_options(options), threads, pass_trace=pass_trace)
     else:
         if threads:
             import torch

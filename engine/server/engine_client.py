@@ -117,7 +117,8 @@ class EngineClient:
         _widen(self._cmd)
         _widen(self._out)
         if in_process:
-            spec = EngineSpec(self.engine.model, self.engine.kwargs, self.engine.threads)  # the tokenizer stays
+            spec = EngineSpec(self.engine.model, self.engine.kwargs, self.engine.threads,  # the tokenizer stays
+                              pass_trace=self.engine.pass_trace)
             self.worker = ctx.Process(target=engine_main, args=(spec, cmd_r, out_w), name="splitfuse-engine",
                                       daemon=True)
         else:

@@ -20,6 +20,7 @@ reason, SIGKILL included, leaves no orphan engine process.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import queue
@@ -34,12 +35,51 @@ INIT_ENV = "SPLITFUSE_ENGINE_INIT"  # "module:function" called in the engine pro
 class EngineSpec:
     """How to build the engine in its process: ``LLMEngine(model, **kwargs)``; ``threads`` sets torch's CPU
     threads there. ``tokenizer`` (API process only, never sent) replaces the model's, e.g. for a model that
-    ships none."""
+    ships none. ``pass_trace``: a file to write the engine's pass-level trace to when it stops (``PassTrace``)."""
 
     model: str
     kwargs: dict = field(default_factory=dict)
     threads: int | None = None
     tokenizer: object = None
+    pass_trace: str | None = None
+
+
+class PassTrace:
+    """What the engine did, pass by pass and request by request, for comparing the simulator with it: one JSON
+    line per pass (its ``PassRecord``: times on ``time.perf_counter``'s clock, features, path; and ``sent``, when
+    the loop had sent its outputs) and per finished request (when the engine took it in, and the end time of each
+    pass that gave it tokens). Kept in memory and written when the loop ends, so tracing costs the loop no I/O."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.passes: list[tuple] = []
+        self.added: dict[object, float] = {}
+        self.tokens: dict[object, list[float]] = {}
+        self.requests: list[dict] = []
+
+    def add(self, request_id, now: float) -> None:
+        self.added[request_id] = now
+
+    def record(self, pass_record, outputs, sent: float) -> None:
+        self.passes.append((pass_record, sent))
+        for output in outputs:
+            times = self.tokens.setdefault(output.request_id, [])
+            times.extend([pass_record.end] * len(output.new_token_ids))
+            if output.finished:
+                self.requests.append({"kind": "request", "id": output.request_id,
+                                      "added": self.added.pop(output.request_id, None),
+                                      "token_times": self.tokens.pop(output.request_id),
+                                      "finish_reason": output.finish_reason})
+
+    def write(self) -> None:
+        with open(self.path, "w") as f:
+            for r, sent in self.passes:
+                f.write(json.dumps({"kind": "pass", "start": r.start, "scheduled": r.scheduled, "launched": r.launched,
+                                    "sampled": r.sampled, "updated": r.updated, "end": r.end, "sent": sent,
+                                    **r.features._asdict(), "path": r.path, "ahead": r.ahead,
+                                    "num_outputs": r.num_outputs}) + "\n")
+            for row in self.requests:
+                f.write(json.dumps(row) + "\n")
 
 
 def engine_stats(engine, busy_s: float = 0.0) -> dict:
@@ -85,12 +125,21 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
     except BaseException as e:  # noqa: BLE001 - reported to the API process, which raises it
         out_conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    run_engine(engine, cmd_conn, out_conn, pid=os.getpid())
+    run_engine(engine, cmd_conn, out_conn, pid=os.getpid(), pass_trace=spec.pass_trace)
 
 
-def run_engine(engine, cmd_conn, out_conn, pid: int | None = None) -> None:
+def run_engine(engine, cmd_conn, out_conn, pid: int | None = None, pass_trace: str | None = None) -> None:
     """Serve ``engine`` over the pipes until the stop command or the command pipe closes. ``pid``: the engine's
-    own process, when it has one."""
+    own process, when it has one; ``pass_trace``: write a ``PassTrace`` there at the end."""
+    trace = PassTrace(pass_trace) if pass_trace else None
+    try:
+        _serve(engine, cmd_conn, out_conn, pid, trace)
+    finally:
+        if trace is not None:
+            trace.write()
+
+
+def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None) -> None:
     out_conn.send(("ready", {"pid": pid, "max_model_len": engine.max_model_len,
                              "vocab_size": engine.model_config.vocab_size,
                              "tokenizer": _picklable(engine.tokenizer), "stats": engine_stats(engine)}))
@@ -99,6 +148,9 @@ def run_engine(engine, cmd_conn, out_conn, pid: int | None = None) -> None:
                      daemon=True).start()
     passes: list[int] = []  # tokens of each pass since the last message
     engine.scheduler.observe(lambda plan: passes.append(plan.num_tokens))
+    last_pass: list = []  # this step's PassRecord, for the trace
+    if trace is not None:
+        engine.trace_passes(last_pass.append)
     busy_s = 0.0  # seconds spent in engine.step()
     while True:
         batch = [] if engine.has_unfinished() else [commands.get()]  # idle: sleep until a command comes
@@ -122,6 +174,8 @@ def run_engine(engine, cmd_conn, out_conn, pid: int | None = None) -> None:
                     acks.append((request_id, str(e)))
                 else:
                     acks.append((request_id, None))
+                    if trace is not None:
+                        trace.add(request_id, time.perf_counter())
             out_conn.send(("state", acks, engine_stats(engine, busy_s)))
         if not engine.has_unfinished():
             continue
@@ -142,3 +196,5 @@ def run_engine(engine, cmd_conn, out_conn, pid: int | None = None) -> None:
         if items or passes:  # a pass that scheduled nothing has nothing to say
             out_conn.send(("out", items, passes, engine_stats(engine, busy_s)))
             passes.clear()
+        if last_pass:
+            trace.record(last_pass.pop(), outputs, time.perf_counter())

@@ -1,0 +1,543 @@
+"""``splitfuse validate``: the simulator against the real engine behind its server, on the same seeded workloads.
+
+For each group of cells that share a scheduler and token budget, one ``splitfuse serve`` process runs the engine
+with a pass-level trace (``engine.server.engine_core.PassTrace``); a warm-up workload compiles its kernels; then each
+cell's workload is sent by ``sim.bench``'s client (spread over client processes) and the server is left to go idle
+before the next. Loads are shares of the *measured* saturation rate of each (scheduler, mix): an overload run's
+steady throughput, while its queue is full. The same seeded workload then runs through the simulator on the card's
+profile, given the KV capacity and context limit the server's engine reported.
+
+Three views of every cell, summarized by ``sim.metrics.summarize`` alike (``source``):
+- ``sim``: the simulator;
+- ``server``: the engine's ground truth: each request's tokens at the end of the pass that produced them (the
+  trace), arrivals as the client sent them;
+- ``client``: what users see: tokens when the client received them.
+Server and client processes read one clock (``time.perf_counter``, CLOCK_MONOTONIC on Linux), so the difference
+between the two views is the serving path's delivery time, and each pass's trace row sets the profile's prediction
+beside what the pass took (``passes.csv``).
+
+Writes ``validation.csv`` (one row per cell and source: cell keys, metrics), ``errors.csv`` (the simulator's relative
+error against each measured view), ``passes.csv`` (every traced pass of every cell: features, path, measured and
+predicted seconds), ``delivery.csv`` (per request: server and client first-token and finish times) and
+``report.html``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.policy import PassFeatures, PolicyConfig
+from engine.policy.options import config_flags
+from sim.bench import Record, make_prompts, run_spread, to_result
+from sim.cluster import ClusterConfig, simulate
+from sim.costs import CostModel
+from sim.metrics import SLA, summarize
+from sim.workload import Workload, parse_length
+
+# name: (prompt lengths, output lengths), as in issue 17 (prompts clipped at 4,000 tokens, as FastGen's benchmark)
+MIXES = {
+    "long": ("normal:2600:0.3", "normal:128:0.3"),
+    "short": ("normal:512:0.3", "normal:256:0.3"),
+    "fastgen": ("normal:2600:0.3", "normal:60:0.3"),  # DeepSpeed-FastGen's headline workload
+}
+MAX_PROMPT_TOKENS = 4000
+COMPARED = ("ttft", "tpot", "e2e", "itl")
+STATS = ("mean", "p50", "p90", "p99")
+RATES = ("throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured workload: prompt and output lengths of the ``mix`` (length specs, ``sim.workload``); ``load``
+    is a share of the measured saturation rate (open loop, Poisson), or ``clients`` closed-loop clients."""
+
+    scheduler: str
+    token_budget: int
+    mix: str
+    prompt: str
+    output: str
+    num_requests: int
+    load: float | None = None
+    clients: int = 0
+    seed: int = 0
+
+    @property
+    def arrivals(self) -> str:
+        return "closed" if self.clients else "poisson"
+
+    def workload(self, rate: float | None = None) -> Workload:
+        return Workload(num_requests=self.num_requests, arrivals=self.arrivals, rate=rate, clients=self.clients,
+                        prompt=parse_length(self.prompt), output=parse_length(self.output, "--output-len"),
+                        max_prompt_tokens=MAX_PROMPT_TOKENS)
+
+    def keys(self) -> dict:
+        return {"scheduler": self.scheduler, "token_budget": self.token_budget, "mix": self.mix,
+                "arrivals": self.arrivals, "load": self.load, "clients": self.clients,
+                "num_requests": self.num_requests, "seed": self.seed}
+
+
+class ServedCost:
+    """A profile as the served engine runs it: the profile's pass costs, the KV blocks and context limit the
+    server's engine reported (its token budget and batch bound size its cache, not the profile sweep's)."""
+
+    def __init__(self, cost: CostModel, num_kv_blocks: int, max_model_len: int) -> None:
+        self.cost, self.num_kv_blocks, self.max_model_len = cost, num_kv_blocks, max_model_len
+        self.block_size, self.meta = cost.block_size, cost.meta
+        self.predict, self.noise_factors = cost.predict, cost.noise_factors
+
+
+# -- the server ----------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``splitfuse serve`` in a child process with a pass trace, for the lifetime of a ``with`` block."""
+
+    def __init__(self, model: str, policy: PolicyConfig, engine_options: dict, trace: Path, log: Path,
+                 start_timeout: float = 1200.0) -> None:
+        self.model, self.policy, self.engine_options = model, policy, engine_options
+        self.trace, self.log, self.start_timeout = trace, log, start_timeout
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.process: subprocess.Popen | None = None
+        self.info: dict = {}
+
+    def __enter__(self) -> Server:
+        from engine.config import EngineConfig
+
+        flags = config_flags(PolicyConfig, vars(self.policy)) + config_flags(EngineConfig, self.engine_options)
+        command = [sys.executable, "-m", "engine.server.cli", self.model, "--port", self.url.rsplit(":", 1)[1],
+                   "--pass-trace", str(self.trace), "--max-waiting", "100000", *flags]
+        self._log = open(self.log, "w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with code {self.process.returncode} while starting; see "
+                                   f"{self.log}:\n{self.log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server was not ready after {self.start_timeout:.0f} s; see {self.log}")
+            time.sleep(0.5)
+        model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]
+        self.info = {"model_id": model["id"], "max_model_len": model["max_model_len"],
+                     "vocab_size": model["vocab_size"], **self.stats()}
+
+    def stats(self) -> dict:
+        import httpx
+
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def wait_idle(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.stats()
+            if s.get("running") == 0 and s.get("waiting") == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server is not idle after {timeout:.0f} s: {s}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # a graceful stop: the engine writes its trace
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def read_trace(path: Path) -> tuple[list[dict], dict[str, dict]]:
+    """(passes in order, finished requests by id) of a ``PassTrace`` file."""
+    passes, requests = [], {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.pop("kind") == "pass":
+            passes.append(row)
+        else:
+            requests[row["id"]] = row
+    return passes, requests
+
+
+# -- one cell ------------------------------------------------------------------------------------------------
+@dataclass
+class Measured:
+    """A cell as run on the server: the client's records, the run's window on the shared clock, the workload."""
+
+    cell: Cell
+    rate: float | None
+    records: list[Record]
+    t0: float  # the clock value of the workload's time 0
+    window: tuple[float, float]  # first send, last token (clock values)
+
+
+def send_cell(server: Server, cell: Cell, rate: float | None, processes: int, timeout: float) -> Measured:
+    workload = cell.workload(rate)
+    table = workload.generate(cell.seed)
+    prompts = make_prompts(np.random.default_rng([cell.seed, 0xB0]), table.prompt_tokens,
+                           server.info["vocab_size"])
+    t0 = time.perf_counter() + 0.2  # the workload's time 0: every client process is up by then
+    records = run_spread(server.url, server.info["model_id"], table, prompts, cell.clients, timeout, processes, t0)
+    failed = [r for r in records if r.error is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(records)} requests failed in {cell}: {failed[0].error}")
+    end = max(t0 + r.chunk_times[-1] for r in records)
+    server.wait_idle()
+    return Measured(cell, rate, records, t0, (t0 + min(r.arrival for r in records), end))
+
+
+def saturation_rate(server: Server, cell: Cell, overload_rate: float, processes: int, timeout: float) -> float:
+    """Requests/s the engine sustains on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it), its
+    throughput while the queue was full (between the 10th and 90th percentile of finish times)."""
+    overload = dataclasses.replace(cell, load=1.0, clients=0, seed=cell.seed + 7919)
+    measured = send_cell(server, overload, overload_rate, processes, timeout)
+    finish = np.sort([r.chunk_times[-1] for r in measured.records])
+    lo, hi = np.quantile(finish, [0.1, 0.9])
+    done = np.count_nonzero((finish >= lo) & (finish <= hi))
+    return float(done / (hi - lo))
+
+
+def views(measured: Measured, trace_requests: dict[str, dict]) -> dict[str, object]:
+    """The server's and the client's view of a measured cell as ``MeasuredRun``s (times from the workload's 0)."""
+    server_records = []
+    for r in measured.records:
+        row = trace_requests.get(r.response_id)
+        if row is None:
+            raise RuntimeError(f"request {r.id} ({r.response_id}) is missing from the pass trace")
+        times = [t - measured.t0 for t in row["token_times"]]
+        server_records.append(Record(r.id, r.prompt_tokens, r.max_tokens, r.arrival, times, len(times),
+                                     response_id=r.response_id))
+    return {"server": to_result(server_records, measured.cell.seed),
+            "client": to_result(measured.records, measured.cell.seed)}
+
+
+def cell_passes(measured: Measured, passes: list[dict], cost: CostModel) -> list[dict]:
+    """The traced passes inside the cell's window, each with the profile's prediction (``predicted_s``).
+    ``pass_s`` spans what a profile's sweep times (schedule, run, sample, update); ``loop_s`` runs until the next
+    step began, the serving loop's own work (outputs, sending, commands) included, and ``serving_s`` is that work
+    alone: both only where the next step began at once (else NaN: the engine went idle)."""
+    lo, hi = measured.window
+    rows = []
+    for i, p in enumerate(passes):
+        if not lo <= p["start"] <= hi:
+            continue
+        following = passes[i + 1]["start"] if i + 1 < len(passes) else None
+        busy = following is not None and following - p["sent"] < 1e-3
+        rows.append({**measured.cell.keys(), "path": p["path"], "ahead": p["ahead"],
+                     "num_outputs": p["num_outputs"], **{f: p[f] for f in PassFeatures._fields},
+                     "pass_s": p["updated"] - p["start"],
+                     "loop_s": following - p["start"] if busy else float("nan"),
+                     "serving_s": following - p["updated"] if busy else float("nan"),
+                     "predicted_s": cost.predict(PassFeatures.from_mapping(p))})
+    return rows
+
+
+def simulated(cell: Cell, rate: float | None, cost: ServedCost) -> tuple[dict, list[int]]:
+    """The simulator's summary of the cell's workload, and its tokens per pass."""
+    policy = PolicyConfig(scheduler=cell.scheduler, token_budget=cell.token_budget)
+    tokens: list[int] = []
+    result = simulate(cell.workload(rate), ClusterConfig(cost, 1, policy), seed=cell.seed,
+                      on_pass=lambda replica, plan, start, end: tokens.append(plan.num_tokens))
+    return summarize(result, SLA()), tokens
+
+
+# -- the grid ------------------------------------------------------------------------------------------------
+def metric_columns(summary: dict) -> dict:
+    out = {f"{m}_{s}": summary.get(f"{m}_{s}", float("nan")) for m in COMPARED for s in STATS}
+    out.update({k: summary.get(k, float("nan")) for k in RATES})
+    out["requests"] = summary["requests"]
+    return out
+
+
+def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, estimate: CostModel,
+            warmup_requests: int = 64, client_processes: int = 4, timeout: float = 600.0, overload: float = 3.0,
+            cell_seconds: float | None = None, time_budget: float | None = None, progress=print) -> None:
+    """Run every cell on the real server; write what the client saw (``measured.jsonl``), the pass traces and
+    ``meta.json`` into ``out`` for ``compare``. ``estimate`` (a cost model of the card) sets each overload run's
+    rate; ``cell_seconds`` caps an open-loop cell's requests at rate x that many seconds (at least 50); cells not
+    begun within ``time_budget`` seconds are skipped (and said so), so that the servers still stop in order and
+    write their traces."""
+    from sim.capacity import estimate_capacity
+
+    deadline = time.monotonic() + time_budget if time_budget else float("inf")
+
+    out.mkdir(parents=True, exist_ok=True)
+    saturation: dict[str, dict[str, float]] = {}
+    groups: dict[tuple[str, int], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.scheduler, cell.token_budget), []).append(cell)
+    with open(out / "measured.jsonl", "w") as f:
+        for (scheduler, budget), group in groups.items():
+            policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
+            name = f"{scheduler}-{budget}"
+            with Server(model, policy, engine_options, out / f"trace-{name}.jsonl",
+                        out / f"server-{name}.log") as server:
+                info = server.info
+                progress(f"server {name} ready: {info['kv_total_blocks']} KV blocks, context "
+                         f"{info['max_model_len']}")
+                served = ServedCost(estimate, info["kv_total_blocks"], info["max_model_len"])
+                if warmup_requests:
+                    warm = dataclasses.replace(group[0], num_requests=warmup_requests, load=None,
+                                               clients=min(16, warmup_requests), seed=10_007)
+                    send_cell(server, warm, None, client_processes, timeout)
+                for cell in group:
+                    if time.monotonic() > deadline:
+                        progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: skipped (time budget)")
+                        continue
+                    rate = None
+                    if cell.load is not None:
+                        if cell.mix not in saturation.setdefault(name, {}):
+                            guess = estimate_capacity(ClusterConfig(served, 1, policy), cell.workload(1.0))
+                            saturation[name][cell.mix] = saturation_rate(server, cell, overload * guess,
+                                                                         client_processes, timeout)
+                            progress(f"{name} {cell.mix}: measured saturation {saturation[name][cell.mix]:.3g} "
+                                     f"req/s (the simulator's estimate {guess:.3g})")
+                        rate = cell.load * saturation[name][cell.mix]
+                        if cell_seconds:
+                            cell = dataclasses.replace(cell, num_requests=min(
+                                cell.num_requests, max(50, int(rate * cell_seconds))))
+                    progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: {cell.num_requests} "
+                             "requests")
+                    m = send_cell(server, cell, rate, client_processes, timeout)
+                    f.write(json.dumps({"server": name, "cell": asdict(cell), "rate": rate, "t0": m.t0,
+                                        "window": m.window, "info": info,
+                                        "records": [asdict(r) for r in m.records]}) + "\n")
+                    f.flush()
+    meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
+            "client_processes": client_processes, "warmup_requests": warmup_requests,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", "")}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+
+
+def load_measured(directory: Path) -> tuple[dict, list[tuple[str, Measured, dict]], dict]:
+    """(meta, [(server name, measured cell, server info)], {server name: (trace passes, trace requests)})."""
+    meta = json.loads((directory / "meta.json").read_text())
+    cells, traces = [], {}
+    for line in (directory / "measured.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        m = Measured(Cell(**row["cell"]), row["rate"], [Record(**r) for r in row["records"]], row["t0"],
+                     tuple(row["window"]))
+        cells.append((row["server"], m, row["info"]))
+        if row["server"] not in traces:
+            traces[row["server"]] = read_trace(directory / f"trace-{row['server']}.jsonl")
+    return meta, cells, traces
+
+
+def serving_passes(directory: Path) -> tuple[list, list]:
+    """(sampled entries, serving seconds) of the traced passes outside every measured cell (the warm-up and the
+    overload runs), where the next step followed at once: what ``calibration.serving.fit_serving`` fits, kept
+    apart from the cells it is then judged on."""
+    _, cells, traces = load_measured(directory)
+    windows = [(name, m.window) for name, m, _ in cells]
+    samples, seconds = [], []
+    for name, (passes, _) in traces.items():
+        for p, following in zip(passes, passes[1:]):
+            inside = any(n == name and lo <= p["start"] <= hi for n, (lo, hi) in windows)
+            if not inside and following["start"] - p["sent"] < 1e-3:
+                samples.append(p["num_samples"])
+                seconds.append(following["start"] - p["updated"])
+    return samples, seconds
+
+
+def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
+    """Simulate every measured cell of ``directory`` on ``cost``; write ``validation.csv``, ``errors.csv``,
+    ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default: ``directory``)."""
+    import pandas as pd
+
+    out = out or directory
+    out.mkdir(parents=True, exist_ok=True)
+    meta, cells, traces = load_measured(directory)
+    rows, passes_rows, delivery_rows = [], [], []
+    for name, m, info in cells:
+        served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
+        trace_passes, trace_requests = traces[name]
+        sim_summary, _ = simulated(m.cell, m.rate, served)
+        cell_views = views(m, trace_requests)
+        pass_rows = cell_passes(m, trace_passes, served)
+        passes_rows += pass_rows
+        stats = {"mean_tokens_per_pass": float(np.mean([p["num_tokens"] for p in pass_rows])) if pass_rows
+                 else float("nan")}
+        for source, result in (("sim", None), *cell_views.items()):
+            summary = sim_summary if result is None else {**summarize(result, SLA()), **stats}
+            rows.append({**m.cell.keys(), "rate": m.rate, "source": source, **metric_columns(summary)})
+        for r, s in zip(m.records, cell_views["server"].columns["first_token"]):
+            delivery_rows.append({**m.cell.keys(), "id": r.id, "server_first_token": s,
+                                  "client_first_token": r.chunk_times[0],
+                                  "server_finish": trace_requests[r.response_id]["token_times"][-1] - m.t0,
+                                  "client_finish": r.chunk_times[-1], "output_tokens": r.output_tokens})
+    frame, passes, delivery = pd.DataFrame(rows), pd.DataFrame(passes_rows), pd.DataFrame(delivery_rows)
+    errors = relative_errors(frame)
+    frame.to_csv(out / "validation.csv", index=False)
+    errors.to_csv(out / "errors.csv", index=False)
+    passes.to_csv(out / "passes.csv", index=False)
+    delivery.to_csv(out / "delivery.csv", index=False)
+    report_meta = {**meta, "profile": cost.meta, "serving": getattr(cost, "serving", None) is not None}
+    from sim.validation_report import write_report
+
+    write_report(out / "report.html", frame, errors, passes, delivery, report_meta)
+    return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery}
+
+
+CELL_KEYS = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed")
+
+
+def relative_errors(frame):
+    """The simulator's relative error, (sim - measured) / measured, against the server's and the client's view,
+    one row per cell and view."""
+    import pandas as pd
+
+    metrics = [c for c in frame.columns if c not in (*CELL_KEYS, "rate", "source", "requests")]
+    keyed = frame.assign(load=frame["load"].fillna(-1))  # NaN keys would not match
+    sim = keyed[keyed.source == "sim"].set_index(list(CELL_KEYS))[metrics]
+    rows = []
+    for view in ("server", "client"):
+        measured = keyed[keyed.source == view].set_index(list(CELL_KEYS))[metrics]
+        error = (sim - measured) / measured
+        rows.append(error.assign(view=view).reset_index())
+    out = pd.concat(rows, ignore_index=True)
+    out["load"] = out["load"].where(out["load"] >= 0)
+    return out
+
+
+# -- command line --------------------------------------------------------------------------------------------
+def _schedulers(specs: tuple[str, ...]) -> list[tuple[str, int]]:
+    out = []
+    for spec in specs:
+        name, _, budget = spec.partition(":")
+        try:
+            out.append((name, int(budget) if budget else PolicyConfig().token_budget))
+        except ValueError:
+            raise ValueError(f"--scheduler {spec!r}: expected NAME[:TOKEN_BUDGET], e.g. splitfuse:768") from None
+    return out
+
+
+def _numbers(text: str | None, flag: str, kind=float) -> list:
+    if not text:
+        return []
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated numbers") from None
+    if any(not v > 0 for v in values):
+        raise ValueError(f"{flag} {text!r}: every value must be > 0")
+    return values
+
+
+def parse_mix(spec: str) -> tuple[str, str, str]:
+    """``NAME`` (one of ``MIXES``) or ``NAME=PROMPT_LENGTHS/OUTPUT_LENGTHS`` -> (name, prompt spec, output spec)."""
+    name, _, lengths = spec.partition("=")
+    if not lengths:
+        if name not in MIXES:
+            raise ValueError(f"--mix {spec!r}: choose from {', '.join(MIXES)} or give NAME=PROMPT/OUTPUT lengths")
+        return (name, *MIXES[name])
+    prompt, _, output = lengths.partition("/")
+    parse_length(prompt, f"--mix {spec!r}: prompt lengths"), parse_length(output, f"--mix {spec!r}: output lengths")
+    return name, prompt, output
+
+
+def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int) -> list[Cell]:
+    if not loads and not clients:
+        raise ValueError("give --loads (open loop, shares of the measured saturation rate) or --clients (closed)")
+    mixes = [parse_mix(m) for m in mixes]
+    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed) for s, b in schedulers for m in mixes for x in loads]
+    cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed) for s, b in schedulers for m in mixes
+              for c in clients]
+    return cells
+
+
+def _command():
+    import click
+
+    from engine.config import EngineConfig
+    from engine.policy.options import config_options, pick
+
+    @click.command()
+    @click.argument("model", required=False)
+    @click.option("--profile", required=True, help="The card's profile (shipped name or path) to simulate with.")
+    @click.option("--scheduler", "schedulers", multiple=True, default=("splitfuse:768",), show_default=True,
+                  help="NAME[:TOKEN_BUDGET]; repeat for several.")
+    @click.option("--mix", "mixes", multiple=True, default=("long",), show_default=True,
+                  help=f"Workload mix: one of {', '.join(MIXES)}, or NAME=PROMPT/OUTPUT lengths "
+                       "(e.g. tiny=uniform:8:32/fixed:6); repeat for several.")
+    @click.option("--loads", default=None, help="Open-loop loads, shares of the measured saturation rate: 0.25,0.5")
+    @click.option("--clients", default=None, help="Closed-loop client counts: 1,2,4,8")
+    @click.option("--num-requests", "-n", type=click.IntRange(min=1), default=300, show_default=True)
+    @click.option("--cell-seconds", type=click.FloatRange(min=1), default=None,
+                  help="Cap an open-loop cell at rate x this many seconds of requests (at least 50).")
+    @click.option("--workload-seed", type=int, default=0, show_default=True, help="Seed of the workloads.")
+    @click.option("--warmup", type=click.IntRange(min=0), default=64, show_default=True,
+                  help="Requests of a warm-up workload before any measured one (kernels compile).")
+    @click.option("--client-processes", type=click.IntRange(min=1), default=4, show_default=True)
+    @click.option("--time-budget", type=click.FloatRange(min=1), default=None,
+                  help="Seconds after which no further cell begins (the servers then stop and write their traces).")
+    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+    @click.option("--from", "measured", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+                  help="Compare the measurements of an earlier run (its --out) instead of measuring: no MODEL.")
+    @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
+                       "overload runs), write the profile with it to this file and compare with that.")
+    @config_options(EngineConfig)
+    def validate(model, profile, schedulers, mixes, loads, clients, num_requests, cell_seconds, workload_seed,
+                 warmup, client_processes, time_budget, out, measured, fit_serving, **engine_options):
+        """Run workloads on the real engine behind its server and through the simulator; compare them."""
+        from calibration.profile import Profile
+        from calibration.serving import fit_serving as fit
+        from sim.costs import load_cost_model
+
+        try:
+            cost = load_cost_model(profile)
+            if measured is None:
+                if not model:
+                    raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
+                cells = make_cells(_schedulers(schedulers), mixes, _numbers(loads, "--loads"),
+                                   _numbers(clients, "--clients", int), num_requests, workload_seed)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        if fit_serving and not isinstance(cost, Profile):
+            raise click.UsageError("--fit-serving needs a measured profile (--profile NAME|FILE)")
+        if measured is None:
+            measure(model, cells, out, pick(EngineConfig, engine_options), cost, warmup, client_processes,
+                    cell_seconds=cell_seconds, time_budget=time_budget, progress=click.echo)
+            measured = out
+        if fit_serving:
+            serving = fit(*serving_passes(measured), {"traced": str(measured), "model": model})
+            cost = cost.with_serving(serving)
+            cost.save(fit_serving)
+            click.echo(f"serving loop: {serving.per_pass_s * 1e3:.3f} ms a pass + {serving.per_sample_s * 1e6:.2f} "
+                       f"us a sampled entry ({serving.fit['passes']} passes); wrote {fit_serving}")
+        compare(measured, cost, out)
+        click.echo(f"wrote {out}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
+
+    return validate
+
+
+validate = _command()

@@ -1,0 +1,116 @@
+"""``splitfuse validate`` end to end on the CPU: the tiny model behind its real server (an engine process with a
+pass trace), the bench client in two processes, and the simulator on a profile swept from that engine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from calibration import plans  # noqa: E402
+from calibration.cli import fit_points_file  # noqa: E402
+from calibration.profile import load_profile  # noqa: E402
+from calibration.sweep import run_sweep  # noqa: E402
+from engine.policy import PassFeatures  # noqa: E402
+from sim.validate import make_cells, parse_mix, validate  # noqa: E402
+
+MIX = "tiny=uniform:8:40/fixed:5"
+SPECS = [plans.PassSpec("prefill", chunks=((0, n, 0),)) for n in (3, 9, 17, 25, 40, 64, 100, 130)]
+SPECS += [plans.PassSpec("decode", decode_contexts=(c,) * b) for b, c in ((1, 20), (2, 33), (3, 12), (4, 40),
+                                                                           (6, 30), (8, 17), (2, 60), (5, 25))]
+SPECS += [plans.PassSpec("mixed", decode_contexts=(30,) * b, chunks=((0, n, 0),)) for b, n in ((1, 8), (2, 20),
+                                                                                              (3, 33), (4, 14))]
+
+
+@pytest.fixture(scope="module")
+def cpu_profile(tmp_path_factory):
+    """A profile of the tiny model on this CPU, from a small sweep."""
+    path = tmp_path_factory.mktemp("profile")
+    run_sweep("tiny-llama", "fp32", path / "p.points.jsonl", device="cpu", progress=False, specs=SPECS)
+    fit_points_file(path / "p.points.jsonl", path / "p.json")
+    return path / "p.json"
+
+
+@pytest.fixture(scope="module")
+def run(cpu_profile, tmp_path_factory):
+    out = tmp_path_factory.mktemp("validate")
+    args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256", "--mix", MIX,
+            "--loads", "0.5", "--clients", "2", "-n", "10", "--warmup", "6", "--client-processes", "2",
+            "--out", str(out), "--fit-serving", str(out / "served.json")]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_every_cell_has_all_three_views(run):
+    out, output = run
+    frame = pd.read_csv(out / "validation.csv")
+    assert len(frame) == 2 * 3 and set(frame.source) == {"sim", "server", "client"}
+    assert (frame.requests == 10).all() and set(frame.arrivals) == {"poisson", "closed"}
+    for column in ("ttft_mean", "tpot_mean", "e2e_p90", "throughput_rps", "mean_tokens_per_pass"):
+        assert np.isfinite(frame[column]).all() and (frame[column] > 0).all(), column
+    errors = pd.read_csv(out / "errors.csv")
+    assert len(errors) == 2 * 2 and set(errors.view) == {"server", "client"}
+    assert "measured saturation" in output and (out / "report.html").read_text().count("plotly") > 10
+
+
+def test_the_client_sees_each_token_after_the_pass_that_made_it(run):
+    out, _ = run
+    delivery = pd.read_csv(out / "delivery.csv")
+    assert len(delivery) == 20
+    assert (delivery.client_first_token >= delivery.server_first_token).all()
+    assert (delivery.client_finish >= delivery.server_finish).all()
+    assert (delivery.client_first_token - delivery.server_first_token).median() < 0.5  # seconds, on one host
+
+
+def test_passes_are_traced_with_predictions(run):
+    out, _ = run
+    passes = pd.read_csv(out / "passes.csv")
+    assert len(passes) > 10 and set(passes.path) == {"eager"}  # no CUDA graphs on the CPU
+    assert (passes.pass_s > 0).all() and (passes.predicted_s > 0).all()
+    busy = passes.dropna(subset=["loop_s"])
+    assert len(busy) and (busy.loop_s >= busy.pass_s).all() and (busy.serving_s > 0).all()
+    # every token of the 20 measured requests (5 each) came from a traced pass's sampled entries
+    assert passes.num_samples.sum() >= 20 * 5
+
+
+def test_fit_serving_writes_a_profile_that_charges_the_serving_loop(run, cpu_profile):
+    out, output = run
+    served = load_profile(out / "served.json")
+    assert json.loads((out / "served.json").read_text())["version"] == 3
+    assert served.serving is not None and served.serving.fit["passes"] >= 10 and "serving loop:" in output
+    f = PassFeatures(8, 0, 8, 8, 0, 8 * 30, 0, 8)
+    base = load_profile(cpu_profile)
+    assert served.predict(f) == pytest.approx(base.predict(f) + served.serving.seconds(8))
+
+
+@pytest.mark.parametrize("mix, loads, clients, message", [
+    ("huge", [0.5], [], "choose from"), ("x=uniform:8/fixed:5", [0.5], [], "uniform takes 2"),
+    ("long", [], [], "--loads"),
+])
+def test_bad_grids_are_refused_with_the_flag_named(mix, loads, clients, message):
+    with pytest.raises(ValueError, match=message):
+        make_cells([("splitfuse", 768)], [mix], loads, clients, 10, 0)
+    assert parse_mix("long")[0] == "long"
+
+
+def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_path):
+    """``--from DIR`` re-simulates the stored measurements: here on the swept profile without the serving loop,
+    whose simulated passes, and so token gaps, can only be shorter than on the profile that charges it (what the
+    measuring run compared with)."""
+    out, _ = run
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    served, bare = pd.read_csv(out / "validation.csv"), pd.read_csv(tmp_path / "validation.csv")
+    measured = ["server", "client"]
+    pd.testing.assert_frame_equal(served[served.source.isin(measured)].reset_index(drop=True),
+                                  bare[bare.source.isin(measured)].reset_index(drop=True))
+    sim_served, sim_bare = served[served.source == "sim"], bare[bare.source == "sim"]
+    assert (sim_bare.tpot_mean.to_numpy() < sim_served.tpot_mean.to_numpy()).all()
+    result = CliRunner().invoke(validate, ["--profile", str(cpu_profile), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--from" in result.output
