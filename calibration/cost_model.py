@@ -135,14 +135,24 @@ class PassModel:
         self._mixed = None if mixed is None else mixed.predict_values
         self._buckets = self.mixed_buckets if mixed is not None else []  # empty: no pass takes the mixed path
 
-    def predict(self, f: PassFeatures) -> float:
+    def path(self, f: PassFeatures) -> str:
+        """How the engine runs a pass of features ``f``: "decode-graph", "mixed-graph" or "eager" (the names of
+        ``engine.runner.ModelRunner.path``)."""
         T, S = f.num_tokens, f.num_seqs
         if T == S <= self.graph_max_batch:
-            return self._graph(T, f.decode_context, f.prefill_attention, S, f.prefill_seqs)
+            return "decode-graph"
         b = self._buckets
-        if b and S < T <= b[-1]:
-            return self._mixed(b[bisect.bisect_left(b, T)], f.decode_context, f.prefill_attention, S, f.prefill_seqs)
-        return self._eager(T, f.decode_context, f.prefill_attention, S, f.prefill_seqs)
+        return "mixed-graph" if b and S < T <= b[-1] else "eager"
+
+    def predict(self, f: PassFeatures) -> float:
+        path = self.path(f)
+        if path == "decode-graph":
+            return self._graph(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
+        if path == "mixed-graph":
+            b = self._buckets
+            return self._mixed(b[bisect.bisect_left(b, f.num_tokens)], f.decode_context, f.prefill_attention,
+                               f.num_seqs, f.prefill_seqs)
+        return self._eager(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)

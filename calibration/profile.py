@@ -49,9 +49,21 @@ class Profile:
 
     # -- prediction (the simulator's hot path) ---------------------------------------------------------------
     def predict(self, f: PassFeatures) -> float:
-        """Median seconds of one served pass with features ``f`` (``plan_features(plan)``): the engine step, plus the
-        serving loop's work where the profile has it."""
-        return self.model.predict(f) + self.serving.seconds(f.num_samples)
+        """Median seconds of one pass with features ``f`` (``plan_features(plan)``): the engine step as the sweep
+        timed it, or, where the profile has its serving section, as the server runs it, with the serving loop's
+        work until the next step."""
+        serving = self.serving
+        return (serving.path_scale[self.model.path(f)] * self.model.predict(f)
+                + serving.loop_seconds(f.num_samples))
+
+    def admission_seconds(self, prompt_tokens):
+        """From a client's send until the engine has the request (0 without a serving section)."""
+        return 0.0 if self.serving is None else self.serving.admission_seconds(prompt_tokens)
+
+    @property
+    def delivery_seconds(self) -> float:
+        """From the end of a pass until the client has its tokens (0 without a serving section)."""
+        return 0.0 if self.serving is None else self.serving.delivery_s
 
     def noise_factors(self, uniforms) -> list[float]:
         """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the factor for

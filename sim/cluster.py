@@ -124,6 +124,17 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
                                  f"request row {j} needs whole passes of up to {int(longest[j])} tokens")
 
 
+def arrival_order(table: RequestTable, admission) -> list[tuple[int, float, float]]:
+    """(request, time it reaches its replica, time the client sent it) in the order requests reach replicas:
+    ``admission`` (seconds, one per request or one for all) after their arrival."""
+    sent = table.arrivals
+    if not np.ndim(admission) and not admission:
+        return [(i, t, t) for i, t in enumerate(sent.tolist())]
+    reach = sent + admission
+    order = np.argsort(reach, kind="stable")
+    return list(zip(order.tolist(), reach[order].tolist(), sent[order].tolist()))
+
+
 # Balancers whose choice depends only on the order of arrivals, never on replica state: with these, each replica
 # is an independent simulation, and replicas can run in separate processes with exactly the same results.
 STATE_FREE_BALANCERS = ("round-robin", "random")
@@ -195,15 +206,19 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
     prefix_ids = table.prefix_ids.tolist() if table.prefix_ids is not None else None
     prefix_lens = table.prefix_lens.tolist() if table.prefix_lens is not None else None
     params: dict[int, SamplingParams] = {}  # one per output length: requests only read them
+    # The serving path's delays (zero unless the cost model was measured through a server): a request reaches its
+    # replica's engine some time after the client sent it, and tokens reach the client some time after their pass.
+    admission = costs[0].admission_seconds(table.prompt_tokens)
+    delivery = costs[0].delivery_seconds
 
-    def send(i: int) -> None:
+    def send(i: int, sent: float) -> None:
         replica = replicas[choose(loads) if choices is None else choices[i]]
         if replica is None:  # another worker's replica
             return
         n = outputs[i]
         if n not in params:
             params[n] = SamplingParams(max_tokens=n, ignore_eos=True)
-        request = Request(i, None, params[n], env.now,
+        request = Request(i, None, params[n], sent,
                           num_prompt_tokens=prompts[i],
                           prefix_id=prefix_ids[i] if prefix_ids else None,
                           prefix_len=prefix_lens[i] if prefix_lens else 0)
@@ -213,11 +228,11 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
         # Workers replay every arrival (not only their own), so that the clock and the order of events at equal
         # times are exactly those of the single-process run.
         now = 0.0
-        for i, t in enumerate(table.arrivals.tolist()):
-            if t > now:
-                yield env.timeout(t - now)
-                now = t
-            send(i)
+        for i, reach, sent in arrival_order(table, admission):
+            if reach > now:
+                yield env.timeout(reach - now)
+                now = reach
+            send(i, sent)
 
     next_id = [0]
 
@@ -226,8 +241,13 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
             i = next_id[0]
             next_id[0] += 1
             done = waiters[i] = env.event()
-            send(i)
+            sent = env.now
+            if np.ndim(admission) or admission:
+                yield env.timeout(float(admission[i] if np.ndim(admission) else admission))
+            send(i, sent)
             yield done
+            if delivery:  # the client has the last token only then
+                yield env.timeout(delivery)
 
     if clients:
         for _ in range(clients):
@@ -262,7 +282,9 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
 
     choose = make_balancer(config.policy.balancer, seed).choose
     everyone = range(len(costs))  # state-free balancers only look at how many replicas there are
-    choices = [choose(everyone) for _ in range(len(table))]
+    choices = [0] * len(table)
+    for i, _, _ in arrival_order(table, costs[0].admission_seconds(table.prompt_tokens)):  # as _run sends them
+        choices[i] = choose(everyone)
     jobs = [(table, costs, config, seed, measured, choices, set(range(w, len(costs), workers)))
             for w in range(workers)]
     global _FORKED_JOBS

@@ -71,6 +71,7 @@ class Replica:
         # same, and a lone replica skips most of SimPy's per-event work. Before anything that other processes can
         # see (finished requests, going idle) the SimPy clock is brought exactly to ``now``.
         env, sched, predict = self.env, self.scheduler, self.cost.predict
+        delivery = self.cost.delivery_seconds  # tokens are the client's this long after their pass ends
         hist, on_finish = self.tokens_per_pass, self.on_finish
         factors: list[float] = []
         now = env.now
@@ -101,7 +102,7 @@ class Replica:
             if self.on_pass is not None:
                 self.on_pass(self.index, plan, now, end)
             now = end
-            finished = sched.update(plan, None, now)
+            finished = sched.update(plan, None, now + delivery)
             if sched.num_passes % self._kv_stride == 0:
                 self._record_kv(now)
             if finished:

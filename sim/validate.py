@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -94,8 +95,9 @@ class ServedCost:
 
     def __init__(self, cost: CostModel, num_kv_blocks: int, max_model_len: int) -> None:
         self.cost, self.num_kv_blocks, self.max_model_len = cost, num_kv_blocks, max_model_len
-        self.block_size, self.meta = cost.block_size, cost.meta
+        self.block_size, self.meta, self.delivery_seconds = cost.block_size, cost.meta, cost.delivery_seconds
         self.predict, self.noise_factors = cost.predict, cost.noise_factors
+        self.admission_seconds = cost.admission_seconds
 
 
 # -- the server ----------------------------------------------------------------------------------------------
@@ -202,8 +204,10 @@ class Measured:
 def send_cell(server: Server, cell: Cell, rate: float | None, processes: int, timeout: float) -> Measured:
     workload = cell.workload(rate)
     table = workload.generate(cell.seed)
-    prompts = make_prompts(np.random.default_rng([cell.seed, 0xB0]), table.prompt_tokens,
-                           server.info["vocab_size"])
+    # Token ids of the cell's own (the lengths are the seed's): a prompt sent again in a later cell would hit the
+    # engine's prefix cache, which the simulator's requests do not.
+    prompts = make_prompts(np.random.default_rng([cell.seed, 0xB0, zlib.crc32(repr(cell).encode())]),
+                           table.prompt_tokens, server.info["vocab_size"])
     t0 = time.perf_counter() + 0.2  # the workload's time 0: every client process is up by then
     records = run_spread(server.url, server.info["model_id"], table, prompts, cell.clients, timeout, processes, t0)
     failed = [r for r in records if r.error is not None]
@@ -214,15 +218,16 @@ def send_cell(server: Server, cell: Cell, rate: float | None, processes: int, ti
     return Measured(cell, rate, records, t0, (t0 + min(r.arrival for r in records), end))
 
 
-def saturation_rate(server: Server, cell: Cell, overload_rate: float, processes: int, timeout: float) -> float:
+def saturation_rate(server: Server, cell: Cell, overload_rate: float, processes: int,
+                    timeout: float) -> tuple[float, Measured]:
     """Requests/s the engine sustains on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it), its
-    throughput while the queue was full (between the 10th and 90th percentile of finish times)."""
-    overload = dataclasses.replace(cell, load=1.0, clients=0, seed=cell.seed + 7919)
+    throughput while the queue was full (between the 10th and 90th percentile of finish times); and that run."""
+    overload = dataclasses.replace(cell, load=None, clients=0, seed=cell.seed + 7919)
     measured = send_cell(server, overload, overload_rate, processes, timeout)
     finish = np.sort([r.chunk_times[-1] for r in measured.records])
     lo, hi = np.quantile(finish, [0.1, 0.9])
     done = np.count_nonzero((finish >= lo) & (finish <= hi))
-    return float(done / (hi - lo))
+    return float(done / (hi - lo)), measured
 
 
 def views(measured: Measured, trace_requests: dict[str, dict]) -> dict[str, object]:
@@ -295,6 +300,12 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     for cell in cells:
         groups.setdefault((cell.scheduler, cell.token_budget), []).append(cell)
     with open(out / "measured.jsonl", "w") as f:
+        def keep(role: str, server_name: str, m: Measured, info: dict) -> None:
+            f.write(json.dumps({"role": role, "server": server_name, "cell": asdict(m.cell), "rate": m.rate,
+                                "t0": m.t0, "window": m.window, "info": info,
+                                "records": [asdict(r) for r in m.records]}) + "\n")
+            f.flush()
+
         for (scheduler, budget), group in groups.items():
             policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
             name = f"{scheduler}-{budget}"
@@ -307,7 +318,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                 if warmup_requests:
                     warm = dataclasses.replace(group[0], num_requests=warmup_requests, load=None,
                                                clients=min(16, warmup_requests), seed=10_007)
-                    send_cell(server, warm, None, client_processes, timeout)
+                    keep("calibration", name, send_cell(server, warm, None, client_processes, timeout), info)
                 for cell in group:
                     if time.monotonic() > deadline:
                         progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: skipped (time budget)")
@@ -316,8 +327,9 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                     if cell.load is not None:
                         if cell.mix not in saturation.setdefault(name, {}):
                             guess = estimate_capacity(ClusterConfig(served, 1, policy), cell.workload(1.0))
-                            saturation[name][cell.mix] = saturation_rate(server, cell, overload * guess,
-                                                                         client_processes, timeout)
+                            saturation[name][cell.mix], run = saturation_rate(server, cell, overload * guess,
+                                                                              client_processes, timeout)
+                            keep("calibration", name, run, info)
                             progress(f"{name} {cell.mix}: measured saturation {saturation[name][cell.mix]:.3g} "
                                      f"req/s (the simulator's estimate {guess:.3g})")
                         rate = cell.load * saturation[name][cell.mix]
@@ -326,11 +338,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                                 cell.num_requests, max(50, int(rate * cell_seconds))))
                     progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: {cell.num_requests} "
                              "requests")
-                    m = send_cell(server, cell, rate, client_processes, timeout)
-                    f.write(json.dumps({"server": name, "cell": asdict(cell), "rate": rate, "t0": m.t0,
-                                        "window": m.window, "info": info,
-                                        "records": [asdict(r) for r in m.records]}) + "\n")
-                    f.flush()
+                    keep("cell", name, send_cell(server, cell, rate, client_processes, timeout), info)
     meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
             "client_processes": client_processes, "warmup_requests": warmup_requests,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -338,34 +346,44 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
-def load_measured(directory: Path) -> tuple[dict, list[tuple[str, Measured, dict]], dict]:
-    """(meta, [(server name, measured cell, server info)], {server name: (trace passes, trace requests)})."""
+def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple[str, Measured, dict]], dict]:
+    """(meta, [(server name, measured run, server info)] of the runs of ``role`` ("cell": the compared cells;
+    "calibration": the warm-up and overload runs), {server name: (trace passes, trace requests)})."""
     meta = json.loads((directory / "meta.json").read_text())
-    cells, traces = [], {}
+    runs, traces = [], {}
     for line in (directory / "measured.jsonl").read_text().splitlines():
         row = json.loads(line)
+        if row.get("role", "cell") != role:
+            continue
         m = Measured(Cell(**row["cell"]), row["rate"], [Record(**r) for r in row["records"]], row["t0"],
                      tuple(row["window"]))
-        cells.append((row["server"], m, row["info"]))
+        runs.append((row["server"], m, row["info"]))
         if row["server"] not in traces:
             traces[row["server"]] = read_trace(directory / f"trace-{row['server']}.jsonl")
-    return meta, cells, traces
+    return meta, runs, traces
 
 
-def serving_passes(directory: Path) -> tuple[list, list]:
-    """(sampled entries, serving seconds) of the traced passes outside every measured cell (the warm-up and the
-    overload runs), where the next step followed at once: what ``calibration.serving.fit_serving`` fits, kept
-    apart from the cells it is then judged on."""
-    _, cells, traces = load_measured(directory)
-    windows = [(name, m.window) for name, m, _ in cells]
-    samples, seconds = [], []
-    for name, (passes, _) in traces.items():
-        for p, following in zip(passes, passes[1:]):
-            inside = any(n == name and lo <= p["start"] <= hi for n, (lo, hi) in windows)
-            if not inside and following["start"] - p["sent"] < 1e-3:
-                samples.append(p["num_samples"])
-                seconds.append(following["start"] - p["updated"])
-    return samples, seconds
+def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]:
+    """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
+    cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
+    until the next step) and their requests (admission: client send to the engine process; delivery: the end of
+    the pass that made the first and the last token to the client's receipt). ``cost``: a profile without a
+    serving section."""
+    _, runs, traces = load_measured(directory, "calibration")
+    passes, requests = [], []
+    for name, m, _ in runs:
+        trace_passes, trace_requests = traces[name]
+        for p in cell_passes(m, trace_passes, cost):
+            passes.append({"path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
+                           "num_samples": p["num_samples"], "serving_s": p["serving_s"]})
+        for r in m.records:
+            row = trace_requests[r.response_id]
+            sent = m.t0 + r.arrival
+            for server_time, client_time in ((row["token_times"][0], r.chunk_times[0]),
+                                             (row["token_times"][-1], r.chunk_times[-1])):
+                requests.append({"prompt_tokens": r.prompt_tokens, "admission_s": row["received"] - sent,
+                                 "delivery_s": m.t0 + client_time - server_time})
+    return passes, requests
 
 
 def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
@@ -529,11 +547,15 @@ def _command():
                     cell_seconds=cell_seconds, time_budget=time_budget, progress=click.echo)
             measured = out
         if fit_serving:
-            serving = fit(*serving_passes(measured), {"traced": str(measured), "model": model})
-            cost = cost.with_serving(serving)
+            bare = cost.with_serving(None)
+            serving = fit(*serving_measurements(measured, bare), {"traced": str(measured)})
+            cost = bare.with_serving(serving)
             cost.save(fit_serving)
-            click.echo(f"serving loop: {serving.per_pass_s * 1e3:.3f} ms a pass + {serving.per_sample_s * 1e6:.2f} "
-                       f"us a sampled entry ({serving.fit['passes']} passes); wrote {fit_serving}")
+            click.echo(f"serving: loop {serving.per_pass_s * 1e3:.3f} ms a pass + {serving.per_sample_s * 1e6:.2f} "
+                       f"us a sampled entry; admission {serving.admission_s * 1e3:.2f} ms + "
+                       f"{serving.admission_per_token_s * 1e6:.3f} us a prompt token; delivery "
+                       f"{serving.delivery_s * 1e3:.2f} ms; served/swept step {serving.path_scale}; wrote "
+                       f"{fit_serving}")
         compare(measured, cost, out)
         click.echo(f"wrote {out}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 

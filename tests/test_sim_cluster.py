@@ -130,3 +130,21 @@ def test_every_cost_model_offers_what_the_simulator_needs():
         assert cost.predict(features) > 0
         factors = cost.noise_factors(np.random.default_rng(0).random(64))
         assert len(factors) == 64 and all(f > 0 for f in factors)
+
+
+@pytest.mark.parametrize("clients", [0, 1])
+def test_the_serving_paths_delays_fall_on_the_clients_times(clients):
+    """A request reaches the engine ``admission`` after the client sent it, its tokens reach the client
+    ``delivery`` after their pass: one request alone takes admission + its passes + delivery, as the client sees
+    it, in open and in closed loop (where the next request waits for the last token to arrive)."""
+    table = RequestTable(arrivals=None if clients else np.array([0.0, 10.0]), prompt_tokens=np.array([5, 5]),
+                         output_tokens=np.array([3, 3]))
+    cost = ConstantCost(0.01, admission_s=0.25, delivery_seconds=0.125)
+    workload = Workload(num_requests=2, arrivals="closed", clients=1, prompt=LengthDist("fixed", (5,)),
+                        output=LengthDist("fixed", (3,))) if clients else table
+    df = simulate(workload, ClusterConfig(cost, policy=PolicyConfig()), seed=0).requests.sort_values("id")
+    assert df.ttft.tolist() == pytest.approx([0.25 + 0.01 + 0.125] * 2)
+    assert df.e2e.tolist() == pytest.approx([0.25 + 3 * 0.01 + 0.125] * 2)
+    assert df.tpot.tolist() == pytest.approx([0.01, 0.01])
+    if clients:  # the second request is sent once the first one's last token arrived
+        assert df.arrival.iloc[1] == pytest.approx(df.finish.iloc[0])

@@ -79,14 +79,20 @@ def test_passes_are_traced_with_predictions(run):
     assert passes.num_samples.sum() >= 20 * 5
 
 
-def test_fit_serving_writes_a_profile_that_charges_the_serving_loop(run, cpu_profile):
+def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_profile):
+    """Fitted on the warm-up and overload runs: the served step per path, the loop's work, admission, delivery."""
     out, output = run
     served = load_profile(out / "served.json")
     assert json.loads((out / "served.json").read_text())["version"] == 3
-    assert served.serving is not None and served.serving.fit["passes"] >= 10 and "serving loop:" in output
+    s = served.serving
+    assert s is not None and "serving: loop" in output
+    assert s.fit["loop"]["n"] >= 10 and s.fit["admission"]["n"] >= 10 and s.fit["delivery"]["n"] >= 10
+    assert 0 < s.admission_seconds(30) < 0.5 and 0 < s.delivery_s < 0.5  # seconds, on one host
+    assert "eager" in s.fit["path_scale"] and 0.2 < s.path_scale["eager"] < 5
     f = PassFeatures(8, 0, 8, 8, 0, 8 * 30, 0, 8)
     base = load_profile(cpu_profile)
-    assert served.predict(f) == pytest.approx(base.predict(f) + served.serving.seconds(8))
+    assert served.predict(f) == pytest.approx(s.path_scale["eager"] * base.predict(f) + s.loop_seconds(8))
+    assert served.admission_seconds(100) == s.admission_seconds(100) and base.admission_seconds(100) == 0.0
 
 
 @pytest.mark.parametrize("mix, loads, clients, message", [

@@ -47,8 +47,9 @@ class EngineSpec:
 class PassTrace:
     """What the engine did, pass by pass and request by request, for comparing the simulator with it: one JSON
     line per pass (its ``PassRecord``: times on ``time.perf_counter``'s clock, features, path; and ``sent``, when
-    the loop had sent its outputs) and per finished request (when the engine took it in, and the end time of each
-    pass that gave it tokens). Kept in memory and written when the loop ends, so tracing costs the loop no I/O."""
+    the loop had sent its outputs) and per finished request (when its add command reached the engine process and
+    when the loop took it in, between two passes; the end time of each pass that gave it tokens). Kept in memory
+    and written when the loop ends, so tracing costs the loop no I/O."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -57,8 +58,8 @@ class PassTrace:
         self.tokens: dict[object, list[float]] = {}
         self.requests: list[dict] = []
 
-    def add(self, request_id, now: float) -> None:
-        self.added[request_id] = now
+    def add(self, request_id, received: float, added: float) -> None:
+        self.added[request_id] = (received, added)
 
     def record(self, pass_record, outputs, sent: float) -> None:
         self.passes.append((pass_record, sent))
@@ -66,8 +67,9 @@ class PassTrace:
             times = self.tokens.setdefault(output.request_id, [])
             times.extend([pass_record.end] * len(output.new_token_ids))
             if output.finished:
-                self.requests.append({"kind": "request", "id": output.request_id,
-                                      "added": self.added.pop(output.request_id, None),
+                received, added = self.added.pop(output.request_id, (None, None))
+                self.requests.append({"kind": "request", "id": output.request_id, "received": received,
+                                      "added": added,
                                       "token_times": self.tokens.pop(output.request_id),
                                       "finish_reason": output.finish_reason})
 
@@ -92,11 +94,13 @@ def engine_stats(engine, busy_s: float = 0.0) -> dict:
 
 
 def _read_commands(conn, commands: queue.SimpleQueue) -> None:
+    """Drain the command pipe into ``commands`` as (time received, command); None when the API side went away."""
     try:
         while True:
-            commands.put(conn.recv())
+            cmd = conn.recv()
+            commands.put((time.perf_counter(), cmd))
     except (EOFError, OSError):
-        commands.put(None)  # the API side went away
+        commands.put((time.perf_counter(), None))
 
 
 def _picklable(obj):
@@ -161,7 +165,7 @@ def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None)
                 break
         if batch:
             acks = []
-            for cmd in batch:
+            for received, cmd in batch:
                 if cmd is None or cmd[0] == "stop":
                     return
                 if cmd[0] == "abort":
@@ -175,7 +179,7 @@ def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None)
                 else:
                     acks.append((request_id, None))
                     if trace is not None:
-                        trace.add(request_id, time.perf_counter())
+                        trace.add(request_id, received, time.perf_counter())
             out_conn.send(("state", acks, engine_stats(engine, busy_s)))
         if not engine.has_unfinished():
             continue
