@@ -56,14 +56,19 @@ class Profile:
         return (serving.path_scale[self.model.path(f)] * self.model.predict(f)
                 + serving.loop_seconds(f.num_samples))
 
-    def admission_seconds(self, prompt_tokens):
-        """From a client's send until the engine has the request (0 without a serving section)."""
-        return 0.0 if self.serving is None else self.serving.admission_seconds(prompt_tokens)
+    def admission_seconds(self, prompt_tokens, uniforms):
+        """From a client's send until the engine has the request, per prompt length and uniform draw (0 without a
+        serving section)."""
+        if self.serving is None:
+            import numpy as np
 
-    @property
-    def delivery_seconds(self) -> float:
-        """From the end of a pass until the client has its tokens (0 without a serving section)."""
-        return 0.0 if self.serving is None else self.serving.delivery_s
+            return np.zeros(len(prompt_tokens))
+        return self.serving.admission_seconds(prompt_tokens, uniforms)
+
+    def delivery_seconds(self, uniforms) -> list[float]:
+        """From the end of a pass until the client has its tokens, per uniform draw (0 without a serving
+        section)."""
+        return [0.0] * len(uniforms) if self.serving is None else self.serving.delivery_seconds(uniforms)
 
     def noise_factors(self, uniforms) -> list[float]:
         """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the factor for

@@ -10,19 +10,23 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   API process, taking in commands): ``per_pass_s`` + ``per_sample_s`` x sampled entries, a line through the
   traced passes whose next step followed at once;
 - admission, from the client's send until the engine process has the request (HTTP, JSON, tokenizing, the pipe):
-  ``admission_s`` + ``admission_per_token_s`` x prompt tokens; and delivery, from the end of the pass that made a
-  token until the client has it (the pipe, detokenizing, the stream): ``delivery_s``, the median.
+  ``admission_per_token_s`` x prompt tokens plus a draw from ``admission_q``, its measured distribution (heavy-
+  tailed: a connection being opened, a busy event loop), as quantiles; and delivery, from the end of the pass
+  that made a token until the client has it (the pipe, detokenizing, the stream): ``delivery_q``, its median
+  alone, since a fresh draw per pass would add gaps between one stream's tokens that its tokens, delivered alike,
+  do not have.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 PATHS = ("decode-graph", "mixed-graph", "eager")
-NUMBERS = ("per_pass_s", "per_sample_s", "admission_s", "admission_per_token_s", "delivery_s")
+NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s")
+QUANTILES = 64  # points kept of each measured delay distribution
 
 
 def _check(name: str, value, low: float = 0.0) -> float:
@@ -32,18 +36,25 @@ def _check(name: str, value, low: float = 0.0) -> float:
     return float(value)
 
 
+def _quantiles(name: str, values: Sequence[float]) -> np.ndarray:
+    values = [_check(f"{name}[{i}]", v) for i, v in enumerate(values or [0.0])]
+    if any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(f"serving {name} must be sorted (quantiles of a distribution)")
+    return np.asarray(values)
+
+
 class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
-    __slots__ = (*NUMBERS, "path_scale", "fit")
+    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "fit")
 
-    def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_s: float = 0.0,
-                 admission_per_token_s: float = 0.0, delivery_s: float = 0.0,
+    def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
+                 admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
                  path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
-        self.admission_s = _check("admission_s", admission_s)
         self.admission_per_token_s = _check("admission_per_token_s", admission_per_token_s)
-        self.delivery_s = _check("delivery_s", delivery_s)
+        self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
+                                                                                                delivery_q)
         scale = dict(path_scale or {})
         unknown = [p for p in scale if p not in PATHS]
         if unknown:
@@ -55,18 +66,26 @@ class ServingModel:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
         return self.per_pass_s + self.per_sample_s * num_samples
 
-    def admission_seconds(self, prompt_tokens):
-        """From the client's send until the engine process has the request (``prompt_tokens`` may be an array)."""
-        return self.admission_s + self.admission_per_token_s * prompt_tokens
+    def admission_seconds(self, prompt_tokens: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+        """From the client's send until the engine process has the request, for each prompt length and uniform
+        draw in [0, 1)."""
+        q = self.admission_q
+        return self.admission_per_token_s * prompt_tokens + q[(uniforms * len(q)).astype(np.int64)]
+
+    def delivery_seconds(self, uniforms: np.ndarray) -> list[float]:
+        """From the end of a pass until the client has its tokens, one per uniform draw in [0, 1)."""
+        q = self.delivery_q
+        return q[(uniforms * len(q)).astype(np.int64)].tolist()
 
     def to_dict(self) -> dict:
-        return {**{name: getattr(self, name) for name in NUMBERS}, "path_scale": self.path_scale, "fit": self.fit}
+        return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
+                "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale, "fit": self.fit}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
-        unknown = [k for k in d if k not in (*NUMBERS, "path_scale", "fit")]
+        unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "fit")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
@@ -77,10 +96,6 @@ def _line(x, y, name: str) -> tuple[float, float, dict]:
     from scipy.optimize import lsq_linear
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y)
-    x, y = x[keep], y[keep]
-    if len(y) < 10:
-        raise ValueError(f"fitting the serving {name} needs at least 10 measurements, got {len(y)}")
     A = np.column_stack([np.ones_like(x), x])
     coef = lsq_linear(A, y, bounds=(0.0, np.inf)).x
     residual = np.abs(y - A @ coef)
@@ -89,29 +104,50 @@ def _line(x, y, name: str) -> tuple[float, float, dict]:
                                             "p95_abs_residual_s": float(np.percentile(residual, 95))}
 
 
-def fit_serving(passes, requests, source: Mapping | None = None) -> ServingModel:
+def _finite(*columns) -> list[np.ndarray]:
+    arrays = [np.asarray(c, dtype=float) for c in columns]
+    keep = np.logical_and.reduce([np.isfinite(a) for a in arrays])
+    return [a[keep] for a in arrays]
+
+
+def _distribution(values: np.ndarray) -> list[float]:
+    """``QUANTILES`` points of the distribution of ``values`` (mid-quantiles), clipped at 0."""
+    return np.maximum(np.quantile(values, (np.arange(QUANTILES) + 0.5) / QUANTILES), 0.0).tolist()
+
+
+def fit_serving(passes, requests, source: Mapping | None = None, min_count: int = 10) -> ServingModel:
     """A ``ServingModel`` from served measurements. ``passes``: rows (mappings or a DataFrame) with ``path``,
     ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples`` and ``serving_s``
     (the loop's work before the next step; NaN where the engine then idled). ``requests``: rows with
-    ``prompt_tokens``, ``admission_s`` and ``delivery_s``."""
+    ``prompt_tokens``, ``admission_s`` and ``delivery_s``. Admission's growth with prompt length is the line through
+    the medians of ten prompt-length bins (robust to the tail); what is left, and delivery, are kept as measured
+    distributions."""
     import pandas as pd
 
     passes, requests = pd.DataFrame(passes), pd.DataFrame(requests)
     scale, scale_fit = {}, {}
     for path, part in passes.groupby("path"):
-        ratio = (part["pass_s"] / part["model_s"]).to_numpy()
-        ratio = ratio[np.isfinite(ratio)]
-        if len(ratio) >= 10:
+        (ratio,) = _finite(part["pass_s"] / part["model_s"])
+        if len(ratio) >= min_count:
             scale[path] = float(np.median(ratio))
             scale_fit[path] = {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)),
                                "p90": float(np.percentile(ratio, 90))}
-    per_pass, per_sample, loop_fit = _line(passes["num_samples"], passes["serving_s"], "loop")
-    admission, per_token, admission_fit = _line(requests["prompt_tokens"], requests["admission_s"], "admission")
-    delivery = requests["delivery_s"].to_numpy(dtype=float)
-    delivery = delivery[np.isfinite(delivery)]
-    if len(delivery) < 10:
-        raise ValueError(f"fitting the serving delivery needs at least 10 requests, got {len(delivery)}")
-    fit = {"path_scale": scale_fit, "loop": loop_fit, "admission": admission_fit,
-           "delivery": {"n": int(len(delivery)), "p10_s": float(np.percentile(delivery, 10)),
-                        "p90_s": float(np.percentile(delivery, 90))}, **(source or {})}
-    return ServingModel(per_pass, per_sample, admission, per_token, float(np.median(delivery)), scale, fit)
+    samples, serving = _finite(passes["num_samples"], passes["serving_s"])
+    prompts, admission = _finite(requests["prompt_tokens"], requests["admission_s"])
+    (delivery,) = _finite(requests["delivery_s"])
+    for name, n in (("loop", len(serving)), ("admission", len(admission)), ("delivery", len(delivery))):
+        if n < min_count:
+            raise ValueError(f"fitting the serving {name} needs at least {min_count} measurements, got {n}")
+    per_pass, per_sample, loop_fit = _line(samples, serving, "loop")
+    bins = pd.qcut(prompts, min(10, len(np.unique(prompts))), duplicates="drop")
+    medians = pd.DataFrame({"p": prompts, "a": admission}).groupby(bins, observed=True).median()
+    _, per_token, _ = _line(medians["p"], medians["a"], "admission")
+    left = admission - per_token * prompts
+    fit = {"path_scale": scale_fit, "loop": loop_fit,
+           "admission": {"n": int(len(admission)), "p50_s": float(np.median(admission)),
+                         "mean_s": float(admission.mean()), "p90_s": float(np.percentile(admission, 90))},
+           "delivery": {"n": int(len(delivery)), "p50_s": float(np.median(delivery)),
+                        "mean_s": float(delivery.mean()), "p90_s": float(np.percentile(delivery, 90))},
+           **(source or {})}
+    return ServingModel(per_pass, per_sample, per_token, _distribution(left), [float(np.median(delivery))], scale,
+                        fit)

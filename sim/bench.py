@@ -116,6 +116,8 @@ def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout
     streamed events a second lags the server it measures. Process p sends rows p, p + processes, ...; in closed
     loop it runs its share of the ``clients``. Records come back in row order."""
     t0 = time.perf_counter() + 0.2 if t0 is None else t0
+    if table.arrivals is None:  # closed loop: every process runs one client at least
+        processes = min(processes, clients)
     if processes <= 1:
         return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0))
     import multiprocessing
@@ -128,7 +130,7 @@ def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout
 
 
 def _run_share(url, model, table, prompts, clients, timeout, t0, ids) -> list[Record]:
-    return asyncio.run(run_workload(url, model, table, prompts, max(clients, 1), timeout, t0, ids))
+    return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0, ids))
 
 
 @dataclass

@@ -124,13 +124,20 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
                                  f"request row {j} needs whole passes of up to {int(longest[j])} tokens")
 
 
-def arrival_order(table: RequestTable, admission) -> list[tuple[int, float, float]]:
+def admission_delays(table: RequestTable, costs: list, seed: int) -> list[float]:
+    """Each request's admission, from the client's send until its replica's engine has it (drawn, seeded, from
+    the first replica's cost model: the serving stack in front of the replicas)."""
+    uniforms = np.random.default_rng([seed, 0xAD]).random(len(table))
+    return np.asarray(costs[0].admission_seconds(table.prompt_tokens, uniforms), dtype=float).tolist()
+
+
+def arrival_order(table: RequestTable, admission: list[float]) -> list[tuple[int, float, float]]:
     """(request, time it reaches its replica, time the client sent it) in the order requests reach replicas:
-    ``admission`` (seconds, one per request or one for all) after their arrival."""
+    ``admission`` seconds (one per request) after their arrival."""
     sent = table.arrivals
-    if not np.ndim(admission) and not admission:
+    if not any(admission):
         return [(i, t, t) for i, t in enumerate(sent.tolist())]
-    reach = sent + admission
+    reach = sent + np.asarray(admission)
     order = np.argsort(reach, kind="stable")
     return list(zip(order.tolist(), reach[order].tolist(), sent[order].tolist()))
 
@@ -195,7 +202,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
         if waiters:
             event = waiters.pop(request.request_id, None)
             if event is not None:
-                event.succeed()
+                event.succeed(request.finish_time)
 
     replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass)
                 if own is None or i in own else None for i, cost in enumerate(costs)]
@@ -208,8 +215,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
     params: dict[int, SamplingParams] = {}  # one per output length: requests only read them
     # The serving path's delays (zero unless the cost model was measured through a server): a request reaches its
     # replica's engine some time after the client sent it, and tokens reach the client some time after their pass.
-    admission = costs[0].admission_seconds(table.prompt_tokens)
-    delivery = costs[0].delivery_seconds
+    admission = admission_delays(table, costs, seed)
 
     def send(i: int, sent: float) -> None:
         replica = replicas[choose(loads) if choices is None else choices[i]]
@@ -242,12 +248,13 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
             next_id[0] += 1
             done = waiters[i] = env.event()
             sent = env.now
-            if np.ndim(admission) or admission:
-                yield env.timeout(float(admission[i] if np.ndim(admission) else admission))
+            if admission[i]:
+                yield env.timeout(admission[i])
             send(i, sent)
             yield done
-            if delivery:  # the client has the last token only then
-                yield env.timeout(delivery)
+            finish = done.value  # when the client has the last token: the next request is sent then
+            if finish > env.now:
+                yield env.timeout(finish - env.now)
 
     if clients:
         for _ in range(clients):
@@ -283,7 +290,7 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
     choose = make_balancer(config.policy.balancer, seed).choose
     everyone = range(len(costs))  # state-free balancers only look at how many replicas there are
     choices = [0] * len(table)
-    for i, _, _ in arrival_order(table, costs[0].admission_seconds(table.prompt_tokens)):  # as _run sends them
+    for i, _, _ in arrival_order(table, admission_delays(table, costs, seed)):  # as _run sends them
         choices[i] = choose(everyone)
     jobs = [(table, costs, config, seed, measured, choices, set(range(w, len(costs), workers)))
             for w in range(workers)]

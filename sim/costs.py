@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from engine.policy import PassFeatures
 
 DEFAULT_PROFILE = "llama-2-7b"
@@ -18,29 +20,30 @@ class CostModel(Protocol):
 
     ``predict`` gives the median seconds of one engine step from ``plan_features(plan)``; ``noise_factors`` maps
     a block of uniform draws in [0, 1) to multiplicative factors on those medians (the spread of measured pass
-    times), one per draw, in order. ``admission_seconds(prompt_tokens)`` (for a number or an array) is the time
-    from a client's send until the engine has the request, ``delivery_seconds`` from the end of a pass until the
-    client has its tokens: the serving path, zero for a bare engine. ``meta`` names the model, card and kind
-    (``calibration.profile.META_KEYS``).
+    times), one per draw, in order. The serving path, zero for a bare engine, is drawn alike:
+    ``admission_seconds(prompt_tokens, uniforms)`` is the time from a client's send until the engine has a request
+    (arrays, one per request), ``delivery_seconds(uniforms)`` from the end of a pass until the client has its
+    tokens. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
     """
 
     block_size: int
     num_kv_blocks: int
     max_model_len: int | None
     meta: dict
-    delivery_seconds: float
 
     def predict(self, features: PassFeatures) -> float: ...
 
     def noise_factors(self, uniforms) -> list[float]: ...
 
-    def admission_seconds(self, prompt_tokens): ...
+    def admission_seconds(self, prompt_tokens, uniforms): ...
+
+    def delivery_seconds(self, uniforms) -> list[float]: ...
 
 
 @dataclass
 class ConstantCost:
     """Every pass takes ``seconds`` (the M/D/1 tests); a request reaches the engine ``admission_s`` after it was
-    sent, and tokens the client ``delivery_seconds`` after their pass."""
+    sent, and tokens the client ``delivery_s`` after their pass."""
 
     seconds: float
     block_size: int = 16
@@ -48,13 +51,16 @@ class ConstantCost:
     max_model_len: int | None = None
     meta: dict = field(default_factory=lambda: {"kind": "constant"})
     admission_s: float = 0.0
-    delivery_seconds: float = 0.0
+    delivery_s: float = 0.0
 
     def predict(self, features: PassFeatures) -> float:
         return self.seconds
 
-    def admission_seconds(self, prompt_tokens):
-        return self.admission_s
+    def admission_seconds(self, prompt_tokens, uniforms):
+        return np.full(len(prompt_tokens), self.admission_s)
+
+    def delivery_seconds(self, uniforms) -> list[float]:
+        return [self.delivery_s] * len(uniforms)
 
     def noise_factors(self, uniforms) -> list[float]:
         return [1.0] * len(uniforms)
@@ -75,10 +81,12 @@ class LinearCost:
     num_kv_blocks: int = 4096
     max_model_len: int | None = None
     meta: dict = field(default_factory=lambda: {"kind": "linear"})
-    delivery_seconds: float = 0.0  # a bare engine's: no serving path
 
-    def admission_seconds(self, prompt_tokens):
-        return 0.0
+    def admission_seconds(self, prompt_tokens, uniforms):  # a bare engine's: no serving path
+        return np.zeros(len(prompt_tokens))
+
+    def delivery_seconds(self, uniforms) -> list[float]:
+        return [0.0] * len(uniforms)
 
     def predict(self, f: PassFeatures) -> float:
         return (self.base + self.per_token * f.num_tokens + self.per_seq * f.num_seqs

@@ -95,9 +95,9 @@ class ServedCost:
 
     def __init__(self, cost: CostModel, num_kv_blocks: int, max_model_len: int) -> None:
         self.cost, self.num_kv_blocks, self.max_model_len = cost, num_kv_blocks, max_model_len
-        self.block_size, self.meta, self.delivery_seconds = cost.block_size, cost.meta, cost.delivery_seconds
+        self.block_size, self.meta = cost.block_size, cost.meta
         self.predict, self.noise_factors = cost.predict, cost.noise_factors
-        self.admission_seconds = cost.admission_seconds
+        self.admission_seconds, self.delivery_seconds = cost.admission_seconds, cost.delivery_seconds
 
 
 # -- the server ----------------------------------------------------------------------------------------------
@@ -551,11 +551,12 @@ def _command():
             serving = fit(*serving_measurements(measured, bare), {"traced": str(measured)})
             cost = bare.with_serving(serving)
             cost.save(fit_serving)
+            fit_ = serving.fit
             click.echo(f"serving: loop {serving.per_pass_s * 1e3:.3f} ms a pass + {serving.per_sample_s * 1e6:.2f} "
-                       f"us a sampled entry; admission {serving.admission_s * 1e3:.2f} ms + "
-                       f"{serving.admission_per_token_s * 1e6:.3f} us a prompt token; delivery "
-                       f"{serving.delivery_s * 1e3:.2f} ms; served/swept step {serving.path_scale}; wrote "
-                       f"{fit_serving}")
+                       f"us a sampled entry; admission median {fit_['admission']['p50_s'] * 1e3:.2f} ms (mean "
+                       f"{fit_['admission']['mean_s'] * 1e3:.2f}; {serving.admission_per_token_s * 1e6:.3f} us a "
+                       f"prompt token); delivery median {fit_['delivery']['p50_s'] * 1e3:.2f} ms; served/swept "
+                       f"step {serving.path_scale}; wrote {fit_serving}")
         compare(measured, cost, out)
         click.echo(f"wrote {out}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 

@@ -139,7 +139,7 @@ def test_the_serving_paths_delays_fall_on_the_clients_times(clients):
     it, in open and in closed loop (where the next request waits for the last token to arrive)."""
     table = RequestTable(arrivals=None if clients else np.array([0.0, 10.0]), prompt_tokens=np.array([5, 5]),
                          output_tokens=np.array([3, 3]))
-    cost = ConstantCost(0.01, admission_s=0.25, delivery_seconds=0.125)
+    cost = ConstantCost(0.01, admission_s=0.25, delivery_s=0.125)
     workload = Workload(num_requests=2, arrivals="closed", clients=1, prompt=LengthDist("fixed", (5,)),
                         output=LengthDist("fixed", (3,))) if clients else table
     df = simulate(workload, ClusterConfig(cost, policy=PolicyConfig()), seed=0).requests.sort_values("id")
