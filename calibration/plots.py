@@ -45,7 +45,8 @@ def _tick_text(v: float) -> str:
     return f"{v:g}"
 
 
-def _log_axis(values, title: str) -> dict:
+def log_axis(values, title: str) -> dict:
+    """A plotly log axis over ``values`` with ``log_ticks``."""
     values = np.asarray(values, dtype=float)
     values = values[np.isfinite(values) & (values > 0)]
     ticks, text = log_ticks(values.min(), values.max())
@@ -133,8 +134,8 @@ def figures(profile) -> dict:
         all_t = np.concatenate([T, *(t for t, _, _ in curves.values())])
         all_y = np.concatenate([f(T, y), *(f(t, s) for t, s, _ in curves.values())])
         fig.update_layout(title=f"{name.capitalize()} vs tokens per pass: {title}", template="plotly_white",
-                          xaxis=_log_axis(all_t, "tokens per pass (tokens)"),
-                          yaxis=_log_axis(all_y, unit) if name == "latency" else {"title": unit})
+                          xaxis=log_axis(all_t, "tokens per pass (tokens)"),
+                          yaxis=log_axis(all_y, unit) if name == "latency" else {"title": unit})
         figs[name] = fig
     figs["context"] = _context_figure(profile, title)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Predicted against measured (ms)",
@@ -152,9 +153,9 @@ def figures(profile) -> dict:
         for factor, dash, label in ((1.0, "solid", "predicted = measured"), (1.08, "dot", "+8%"), (0.92, "dot", "-8%")):
             fig.add_trace(go.Scatter(x=ms, y=ms * factor, mode="lines", name=label,
                                      line={"color": "gray", "dash": dash}), row=1, col=1)
-        fig.update_xaxes(**_log_axis(y * 1e3, "measured (ms)"), row=1, col=1)
-        fig.update_yaxes(**_log_axis(pred * 1e3, "predicted (ms)"), row=1, col=1)
-        fig.update_xaxes(**_log_axis(T, "tokens per pass (tokens)"), row=1, col=2)
+        fig.update_xaxes(**log_axis(y * 1e3, "measured (ms)"), row=1, col=1)
+        fig.update_yaxes(**log_axis(pred * 1e3, "predicted (ms)"), row=1, col=1)
+        fig.update_xaxes(**log_axis(T, "tokens per pass (tokens)"), row=1, col=2)
     fig.update_yaxes(title_text="(predicted - measured) / measured (%)", row=1, col=2)
     fig.update_layout(title=f"Model accuracy: {title}", template="plotly_white")
     figs["accuracy"] = fig
@@ -188,7 +189,7 @@ def _context_figure(profile, title: str):
                                                     "ticktext": [str(2 ** k) for k in range(MAX_LOG2_BATCH + 1)]}}))
     fig.update_layout(title=f"Decode step vs context: {title}", template="plotly_white",
                       legend={"orientation": "h", "y": -0.2},
-                      xaxis=_log_axis(contexts, "context per sequence (tokens)"),
+                      xaxis=log_axis(contexts, "context per sequence (tokens)"),
                       yaxis={"title": "time per pass (ms)"})
     return fig
 

@@ -35,12 +35,12 @@ def _band(fig: go.Figure, x, low, high, color: str, name: str, row: int, col: in
                              hoverinfo="skip", showlegend=False, name=f"{name} 95% CI"), row=row, col=col)
 
 
-def _curve(fig, x, runs, color, name, row, col, mode="lines+markers", showlegend=True, scaled=1.0):
+def _curve(fig, x, runs, color, name, row, col, mode="lines+markers", showlegend=True, scaled=1.0, dash=None):
     """The mean over replications (rows of ``runs``: one per replication) with its band."""
     mean, low, high = t_interval(np.asarray(runs, dtype=float) * scaled)
     _band(fig, x, low, high, color, name, row, col)
-    fig.add_trace(go.Scatter(x=x, y=mean, mode=mode, name=name, line={"color": color}, legendgroup=name,
-                             showlegend=showlegend), row=row, col=col)
+    fig.add_trace(go.Scatter(x=x, y=mean, mode=mode, name=name, line={"color": color, "dash": dash},
+                             legendgroup=name, showlegend=showlegend), row=row, col=col)
 
 
 def latency_cdfs(results, points: int = 200) -> go.Figure:
@@ -97,24 +97,41 @@ def sla_rates_of(summaries) -> list[float]:
     return sorted(float(k.split("@")[1]) for k in summaries[0] if k.startswith("sla_share@"))
 
 
+SWEEP_PANELS = [(("ttft_p50", "ttft_p95"), "TTFT (s)"), (("tpot_p50", "tpot_p95"), "TPOT (s)"),
+                (("e2e_p50", "e2e_p99"), "end-to-end latency (s)"),
+                (("throughput_rps", "effective_throughput_rps"), "throughput (req/s)"),
+                (("sla_share",), "requests meeting the SLA (%)"),
+                (("mean_tokens_per_pass",), "tokens per pass (tokens)")]
+
+
 def sweep_curves(sweep) -> go.Figure:
     """The load sweep against the arrival rate: each latency, the rates, the SLA share and the tokens per pass in
     their own panels, each curve the mean over seeds with its band."""
-    panels = [(("ttft_p50", "ttft_p95"), "TTFT (s)"), (("tpot_p50", "tpot_p95"), "TPOT (s)"),
-              (("e2e_p50", "e2e_p99"), "end-to-end latency (s)"),
-              (("throughput_rps", "effective_throughput_rps"), "throughput (req/s)"),
-              (("sla_share",), "requests meeting the SLA (%)"), (("mean_tokens_per_pass",), "tokens per pass (tokens)")]
-    fig = make_subplots(rows=2, cols=3, subplot_titles=[title for _, title in panels], vertical_spacing=0.16,
-                        horizontal_spacing=0.07)
+    fig = panel_curves(sweep, "rate", SWEEP_PANELS)
+    fig.update_layout(title="Load sweep")
+    return fig
+
+
+def panel_curves(frame, x: str, panels, by: str | None = None, cols: int = 3, seed: str = "seed") -> go.Figure:
+    """One panel per (keys, axis title) of ``panels``: for each key (and each group of column ``by``), the mean
+    over ``seed`` of the key against ``x`` with its 95% band. Shares show in %. With ``by``, a group keeps its
+    colour across panels and a panel's second key is dashed."""
+    rows = -(-len(panels) // cols)
+    fig = make_subplots(rows=rows, cols=min(cols, len(panels)), subplot_titles=[title for _, title in panels],
+                        vertical_spacing=0.16, horizontal_spacing=0.07)
+    groups = list(frame.groupby(by, sort=False)) if by else [(None, frame)]
     for i, (keys, title) in enumerate(panels):
-        row, col = i // 3 + 1, i % 3 + 1
-        for j, key in enumerate(keys):
-            wide = sweep.pivot_table(index="rate", columns="seed", values=key)
-            _curve(fig, wide.index.to_numpy(), wide.to_numpy().T, COLORS[(2 * i + j) % len(COLORS)], label(key),
-                   row, col, scaled=scale(key))
+        row, col = i // cols + 1, i % cols + 1
+        for g, (group, part) in enumerate(groups):
+            for j, key in enumerate(keys):
+                wide = part.pivot_table(index=x, columns=seed, values=key)
+                name = label(key) if group is None else f"{group}" + (f" {label(key)}" if len(keys) > 1 else "")
+                color = COLORS[(g if by else 2 * i + j) % len(COLORS)]
+                _curve(fig, wide.index.to_numpy(), wide.to_numpy().T, color, name, row, col, scaled=scale(key),
+                       showlegend=not by or i == 0, dash="dash" if by and j else None)
         fig.update_yaxes(title_text=title, rangemode="tozero", row=row, col=col)
-    fig.update_xaxes(title_text=label("rate"))
-    fig.update_layout(title="Load sweep", height=2 * HEIGHT)
+    fig.update_xaxes(title_text=label(x) if x == "rate" else x)
+    fig.update_layout(height=rows * HEIGHT)
     return fig
 
 
