@@ -116,8 +116,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     workload = with_rate(workload, config)
     workload.validate()
     seeds = range(seed, seed + replications)
-    config_rows = run_config(config, workload, seeds, sla, warmup, cooldown)
-    for name, value in config_rows.items():
+    for name, value in run_config(config, workload, seeds, sla, warmup, cooldown).items():
         click.echo(f"{name + ':':26s}{value}")
     if cost.meta.get("kind") != "measured":
         click.echo(f"  NOT a measured profile (kind {cost.meta.get('kind')!r}): {cost.meta.get('note', '')}")
@@ -146,7 +145,8 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     summaries = [summarize(r, sla) for r in results]
     click.echo(summary_table(summaries).to_string())
     if out:
-        _write_outputs(Path(out), results, summaries, sla, sweep_df, report, token_times, options, config_rows)
+        ran = run_config(config, workload, seeds, sla, warmup, cooldown)  # a sweep may have changed the rate
+        _write_outputs(Path(out), results, summaries, sla, sweep_df, report, token_times, options, ran)
 
 
 def _write_outputs(out: Path, results, summaries, sla, sweep_df, report, token_times, options, config_rows) -> None:

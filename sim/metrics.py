@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.units import describe, format_value
+from sim.units import bounds, describe, format_value
 
 SUMMARY_KEYS = [  # the rows a run's summary table shows (simulate and bench)
     "requests", "throughput_rps", "token_throughput_tps", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95",
@@ -187,7 +187,8 @@ def confidence_intervals(summaries, level: float = 0.95):
 
 def summary_table(summaries, keys=SUMMARY_KEYS, level: float = 0.95):
     """The summary ``keys`` (those present) as a table to print or show: one row per key, named with its unit
-    (``sim.units``), holding the value of one replication, or the mean and confidence interval of several."""
+    (``sim.units``), holding the value of one replication, or the mean and confidence interval of several (clipped
+    to the metric's range, ``sim.units.bounds``)."""
     import pandas as pd
 
     keys = [k for k in keys if k in summaries[0]]
@@ -195,6 +196,8 @@ def summary_table(summaries, keys=SUMMARY_KEYS, level: float = 0.95):
     if len(summaries) == 1:
         return pd.DataFrame({"value": [format_value(k, summaries[0][k]) for k in keys]}, index=index)
     ci = confidence_intervals(summaries, level)
+    for k in keys:
+        ci.loc[k, ["ci_low", "ci_high"]] = np.clip(ci.loc[k, ["ci_low", "ci_high"]].to_numpy(dtype=float), *bounds(k))
     return pd.DataFrame({
         "mean": [format_value(k, ci.loc[k, "mean"]) for k in keys],
         f"{level:.0%} CI": [f"{format_value(k, ci.loc[k, 'ci_low'])} to {format_value(k, ci.loc[k, 'ci_high'])}"

@@ -2,7 +2,7 @@
 per-replica load, tokens per pass and KV use.
 
 Each axis carries one kind of quantity with its unit (latencies in s, rates in req/s, shares in %); a mean over
-replications is drawn with its 95% Student-t band (none with one replication).
+replications is drawn with its 95% Student-t band (none with one replication), clipped to the quantity's range.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.metrics import t_interval
-from sim.units import LATENCIES, label, scale
+from sim.units import LATENCIES, bounds, label, scale
 
 COLORS = plotly.colors.qualitative.Plotly
 HEIGHT = 380
@@ -35,9 +35,12 @@ def _band(fig: go.Figure, x, low, high, color: str, name: str, row: int, col: in
                              hoverinfo="skip", showlegend=False, name=f"{name} 95% CI"), row=row, col=col)
 
 
-def _curve(fig, x, runs, color, name, row, col, mode="lines+markers", showlegend=True, scaled=1.0, dash=None):
-    """The mean over replications (rows of ``runs``: one per replication) with its band."""
-    mean, low, high = t_interval(np.asarray(runs, dtype=float) * scaled)
+def _curve(fig, x, runs, color, name, row, col, key: str, mode="lines+markers", showlegend=True, dash=None):
+    """The mean over replications (rows of ``runs``: one per replication) of summary ``key`` with its band, shown
+    in the key's units (shares in %) and clipped to its range."""
+    mean, low, high = t_interval(np.asarray(runs, dtype=float))
+    low, high = np.clip(low, *bounds(key)), np.clip(high, *bounds(key))
+    mean, low, high = (v * scale(key) for v in (mean, low, high))
     _band(fig, x, low, high, color, name, row, col)
     fig.add_trace(go.Scatter(x=x, y=mean, mode=mode, name=name, line={"color": color, "dash": dash},
                              legendgroup=name, showlegend=showlegend), row=row, col=col)
@@ -60,6 +63,7 @@ def latency_cdfs(results, points: int = 200) -> go.Figure:
                 values = values[~np.isnan(values)]
                 runs.append(np.quantile(values, probs) if values.size else np.full(points, np.nan))
         mean, low, high = t_interval(np.asarray(runs))
+        low = np.maximum(low, 0.0)  # a latency is never negative
         color = COLORS[col - 1]
         _band(fig, 100 * probs, low, high, color, metric, 1, col, horizontal=True)
         fig.add_trace(go.Scatter(x=mean, y=100 * probs, mode="lines", name=LATENCIES[metric],
@@ -80,10 +84,10 @@ def sla_attainment(summaries) -> go.Figure:
                                                         "Effective throughput (req/s)"))
     share = [[s[f"sla_share@{r:g}"] for r in rates] for s in summaries]
     effective = [[s[f"effective_throughput@{r:g}"] for r in rates] for s in summaries]
-    _curve(fig, rates, share, COLORS[0], "share meeting the SLA", 1, 1, scaled=100)
-    _curve(fig, rates, effective, COLORS[1], "effective throughput", 1, 2)
+    _curve(fig, rates, share, COLORS[0], "share meeting the SLA", 1, 1, "sla_share")
+    _curve(fig, rates, effective, COLORS[1], "effective throughput", 1, 2, "effective_throughput_rps")
     throughput = [[s["throughput_rps"]] * len(rates) for s in summaries]
-    _curve(fig, rates, throughput, COLORS[2], "throughput (all requests)", 1, 2, mode="lines")
+    _curve(fig, rates, throughput, COLORS[2], "throughput (all requests)", 1, 2, "throughput_rps", mode="lines")
     fig.update_xaxes(title_text="generation SLA (tokens/s)")
     fig.update_yaxes(title_text=label("sla_share"), range=[0, 105], row=1, col=1)
     fig.update_yaxes(title_text=label("effective_throughput_rps"), rangemode="tozero", row=1, col=2)
@@ -127,7 +131,7 @@ def panel_curves(frame, x: str, panels, by: str | None = None, cols: int = 3, se
                 wide = part.pivot_table(index=x, columns=seed, values=key)
                 name = label(key) if group is None else f"{group}" + (f" {label(key)}" if len(keys) > 1 else "")
                 color = COLORS[(g if by else 2 * i + j) % len(COLORS)]
-                _curve(fig, wide.index.to_numpy(), wide.to_numpy().T, color, name, row, col, scaled=scale(key),
+                _curve(fig, wide.index.to_numpy(), wide.to_numpy().T, color, name, row, col, key,
                        showlegend=not by or i == 0, dash="dash" if by and j else None)
         fig.update_yaxes(title_text=title, rangemode="tozero", row=row, col=col)
     fig.update_xaxes(title_text=label(x) if x == "rate" else x)

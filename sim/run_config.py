@@ -21,7 +21,7 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
     m = getattr(cost, "meta", {}) or {}
     policy = config.policy
     rows = {
-        "profile": getattr(cost, "source", None) or m.get("kind", "?"),
+        "profile": _profile_name(getattr(cost, "source", None)) or m.get("kind", "?"),
         "model": str(m.get("model", "?")),
         "card": str(m.get("card", "?")),
         "dtype, tensor parallel": f"{m.get('dtype', '?')}, {m.get('tensor_parallel', '?')}",
@@ -72,6 +72,16 @@ def _workload_rows(workload: Workload, config) -> dict[str, str]:
         rows["rate"] = (f"{number(workload.rate)} req/s, {workload.rate / capacity:.0%} of the estimated capacity "
                         f"{number(capacity)} req/s")
     return rows
+
+
+def _profile_name(source: str | None) -> str | None:
+    """A shipped profile by its file name (where it lives is known), any other by its path."""
+    if source is None:
+        return None
+    from calibration.profile import PROFILES_DIR
+
+    path = Path(source).resolve()
+    return f"{path.name} (shipped)" if path.parent == PROFILES_DIR.resolve() else str(source)
 
 
 def code_version() -> str:

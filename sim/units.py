@@ -62,6 +62,12 @@ def label(key: str) -> str:
     return f"{what} ({u})" if u else what
 
 
+def bounds(key: str) -> tuple[float, float]:
+    """The range a key's true value lies in (stored units): shares in [0, 1], every other metric >= 0. Intervals
+    are clipped to it (a Student-t interval of a few replications can reach past it)."""
+    return (0.0, 1.0) if unit(key) == "%" else (0.0, math.inf)
+
+
 def scale(key: str) -> float:
     """Factor from the stored value to the shown one (100 for shares)."""
     return 100.0 if unit(key) == "%" else 1.0

@@ -44,7 +44,7 @@ def figures_of(html: str) -> list[tuple[list, dict]]:
 def test_the_report_says_what_ran(html):
     """Before: it never said which profile, rate or replica count ran."""
     table = html[html.index("Run configuration"):html.index("Summary")]
-    for row, value in (("profile", "llama-2-7b-h100-bf16.json"), ("card", "H100"), ("model", "llama-2-7b"),
+    for row, value in (("profile", "llama-2-7b-h100-bf16.json (shipped)"), ("card", "H100"), ("model", "llama-2-7b"),
                        ("scheduler", "splitfuse"), ("token budget", "768 tokens per pass"),
                        ("balancer", "power-of-two"), ("replicas", "3"), ("rate", "15 req/s"),
                        ("seeds", "0 to 2 (3 replications)"), ("commit", "")):
@@ -59,6 +59,7 @@ def test_every_summary_row_has_a_unit_and_no_raw_keys(html):
     for name, mean, interval in rows:
         assert re.search(r"(s|req/s|tokens/s|tokens|%|requests)$|^\d[\d,]*$", mean), (name, mean)
         assert " to " in interval, (name, interval)
+        assert not re.search(r"-\d|\b(10[1-9]|1[1-9]\d)\.\d%", interval), (name, interval)  # within the range
     assert not re.search(r"\b(ttft_p95|sla_share|throughput_rps)\b", summary)
 
 
