@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from calibration.plans import PassSpec
+from calibration.profile import point_features
 from engine.policy import PassFeatures, plan_features
 
 SWEEP_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "mixed": "#2ca02c"}
@@ -117,7 +118,7 @@ def figures(profile) -> dict:
     pts = profile.points
     T = np.array([p["num_tokens"] for p in pts], dtype=float)
     y = np.array([p[profile.fit.get("target", "wall_s")] for p in pts], dtype=float)
-    pred = np.array([profile.predict(PassFeatures.from_mapping(p)) for p in pts])
+    pred = np.array([profile.predict(point_features(p)) for p in pts])
     curves = _curves(profile)
     figs = {}
     for name, f, unit in (("latency", lambda t, s: s * 1e3, "time per pass (ms)"),

@@ -201,12 +201,18 @@ def _check_predictions(model: PassModel, points: list[dict], max_model_len: int,
                            decode_context=1, prefill_attention=0, num_samples=1),
               PassFeatures(num_tokens=n, prefill_tokens=n, decode_tokens=0, num_seqs=1, prefill_seqs=1,
                            decode_context=0, prefill_attention=n * (n + 1) // 2, num_samples=1)]
-    probes += [PassFeatures.from_mapping(p) for p in points]
+    probes += [point_features(p) for p in points]
     for f in probes:
         t = model.predict(f)
         if not (math.isfinite(t) and t > 0):
             raise bad(f"the cost model predicts {t!r} s for a pass of {f.num_tokens} tokens in {f.num_seqs} "
                       "sequences; a pass must take a positive time")
+
+
+def point_features(point: Mapping) -> PassFeatures:
+    """A measured point's pass features. Points swept before passes counted their sampled entries have no
+    ``num_samples``: every sequence is taken to sample (only a serving section's loop cost reads it)."""
+    return PassFeatures.from_mapping(point if "num_samples" in point else {**point, "num_samples": point["num_seqs"]})
 
 
 def _points_from(p, bad) -> list[dict]:
