@@ -16,6 +16,16 @@ def write(tmp_path, text, name="grid-a.csv"):
     return path
 
 
+def test_closed_loop_cells_without_a_load_are_matched_by_their_clients(tmp_path):
+    """As ``splitfuse validate`` writes them: a closed-loop cell has clients and an empty load."""
+    text = ("scheduler,token_budget,mix,arrivals,load,clients,source,ttft_p50\n"
+            "splitfuse,768,long,closed,,4,sim,0.3\nsplitfuse,768,long,closed,,4,server,0.2\n"
+            "splitfuse,768,long,closed,,8,server,0.5\nsplitfuse,768,long,poisson,0.5,0,sim,0.1\n")
+    errors = compare(read_validation([write(tmp_path, text)]))
+    assert list(errors["cell"]) == ["splitfuse / long / 4 clients"]
+    assert errors["rel_error"].iloc[0] == pytest.approx(0.5)
+
+
 def test_compare_gives_the_simulators_relative_error_per_cell_and_metric(tmp_path):
     path = write(tmp_path, HEADER + "sim,splitfuse,chat,0.5,0.11,4\nserver,splitfuse,chat,0.5,0.10,5\n"
                  "client,splitfuse,chat,0.5,0.12,5\nsim,splitfuse,chat,0.8,0.2,6\n")
