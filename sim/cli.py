@@ -92,7 +92,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     from sim.metrics import SLA, parse_goodput, summarize, summary_table
     from sim.run_config import run_config
     from sim.saturation import estimate_capacity, with_rate
-    from sim.units import format_value, label, number
+    from sim.units import format_value, label, number, scale
 
     if progress is None:
         progress = sys.stderr.isatty()
@@ -130,7 +130,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
         sweep_df = load_sweep(workload, config, rate_list, seeds, sla, progress=progress, **kwargs)
         g = sweep_df.groupby("rate").mean(numeric_only=True)
         cols = ["throughput_rps", "ttft_p95", "tpot_p95", "itl_p95", "sla_share", "effective_throughput_rps"]
-        table = g[cols].rename(columns=label)
+        table = (g[cols] * [scale(c) for c in cols]).rename(columns=label)  # shares in %
         table.index = [f"{number(r)} req/s" for r in table.index]
         click.echo(table.to_string(float_format=number))
         answer = capacity_answer(sweep_df, sla_target)

@@ -94,3 +94,13 @@ def test_profile_plots_render_offline(tmp_path):
     (html,) = tmp_path.glob("*.html")
     figures = figures_in(render(html))
     assert len(figures) == 4 and all(f["plotted"] and f["traces"] for f in figures), figures
+
+
+def test_kaleido_exports_a_png_through_the_distributions_chromium(tmp_path):
+    """PNG export (``profile --check --plot``) needs only the kaleido dependency and Debian's chromium."""
+    from calibration.plots import figures
+    from calibration.profile import load_profile
+
+    path = tmp_path / "accuracy.png"
+    figures(load_profile("llama-2-7b"))["accuracy"].write_image(path, width=400, height=300)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
