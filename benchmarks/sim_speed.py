@@ -36,10 +36,10 @@ HERE = Path(__file__).resolve()
 
 def run_case(replicas: int, num_requests: int, frames: bool = False) -> None:
     from engine.policy import PolicyConfig
-    from sim.capacity import estimate_capacity
     from sim.cluster import ClusterConfig, simulate
     from sim.costs import load_cost_model
     from sim.metrics import summarize
+    from sim.saturation import estimate_capacity
     from sim.workload import LengthDist, Workload
 
     cost = load_cost_model("llama-2-7b")

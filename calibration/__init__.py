@@ -5,5 +5,7 @@
 - ``fitting.py``: measured points -> profile (held-out split, errors, spread of pass times).
 - ``plans.py``: which passes a sweep measures, built into real ``BatchPlan``s by the real scheduler.
 - ``analytic.py``: a NON-measured roofline profile with stated assumptions (a stand-in until a GPU sweep).
+- ``plots.py``: a profile's figures (offline HTML, PNG through kaleido).
+- ``validation_results.py``: the sim-against-engine results format (``validation/*.csv``), read and compared.
 - ``profiles/``: the shipped profiles, ``<model>-<card>-<dtype>.json`` (measured) or ``<model>-analytic.json``.
 """

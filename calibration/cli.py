@@ -83,7 +83,8 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--from-points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Refit a saved points file (from an earlier sweep) into --out, without a GPU.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="With --check: also write latency and throughput plots (HTML, PNG if possible) here.")
+              help="With --check: also write the profile's figures here (one offline HTML file; a PNG per figure "
+                   "where kaleido finds a Chrome or Chromium).")
 @click.option("--time-budget", type=click.FloatRange(min=1), help="Stop measuring new passes after this many s.")
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Measure each pass this many times, at different times (a rerun adds rounds).")

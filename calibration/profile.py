@@ -2,7 +2,10 @@
 fitted cost model, the spread of pass times, the KV capacity the engine gets on that card and (from version 3)
 what the serving loop adds to each pass (``calibration.serving``).
 
-Torch-free and cheap to import: the simulator loads profiles and calls ``predict`` millions of times.
+Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
+factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
+field it names instead of simulating NaNs. Torch-free and cheap to import: the simulator loads profiles and calls
+``predict`` millions of times.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from calibration.cost_model import FEATURES, PassModel
+from calibration.cost_model import FEATURES, FLOOR_TERMS, NONNEGATIVE, PassModel
 from calibration.serving import ServingModel
 from engine.policy import PassFeatures
 
@@ -38,6 +41,7 @@ class Profile:
         self.noise = sorted(float(x) for x in (noise or []))
         self.fit = dict(fit or {})
         self.serving = serving
+        self.source: str | None = None  # the file it was loaded from
         if serving is None:  # the fitted model's own method answers (one call less on the simulator's hot path)
             self.predict = model.predict
         self._noise = None  # the noise as a numpy array, made on first use
@@ -117,6 +121,9 @@ class Profile:
 
         if not isinstance(d, dict):
             raise bad(f"expected a JSON object at the top, got {type(d).__name__}")
+        where, value = _first_non_finite(d)
+        if where is not None:
+            raise bad(f"{where} is {value!r}; every number in a profile must be finite")
         if d.get("format") != FORMAT:
             raise bad(f"'format' is {d.get('format')!r}, expected {FORMAT!r}")
         if d.get("version") not in READS:
@@ -139,11 +146,13 @@ class Profile:
             model = PassModel.from_dict(d["cost_model"])
         except (ValueError, KeyError, TypeError) as e:
             raise bad(f"'cost_model': {e}") from None
+        _check_model_ranges(model, bad)
         noise = d.get("noise", [])
         if not isinstance(noise, list) or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0
                                                   for x in noise):
             raise bad("'noise' must be a list of positive numbers")
         points = _points_from(d.get("points", {"columns": [], "rows": []}), bad)
+        _check_predictions(model, points, d["max_model_len"], bad)
         serving = None
         if d.get("serving") is not None:
             try:
@@ -152,6 +161,63 @@ class Profile:
                 raise bad(str(e)) from None
         return cls(meta, d["block_size"], d["num_kv_blocks"], d["max_model_len"], model, points=points,
                    noise=noise, fit=d.get("fit") or {}, serving=serving)
+
+
+def _first_non_finite(value, where: str = "") -> tuple[str | None, object]:
+    """The path (``cost_model.graph.knots[3]``) and value of the first NaN or infinite number in ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the file", value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _first_non_finite(item, f"{where}[{key}]" if isinstance(key, int) else
+                                  f"{where}.{key}" if where else str(key))
+        if found[0] is not None:
+            return found
+    return None, None
+
+
+def _check_model_ranges(model: PassModel, bad) -> None:
+    """Knots inside the token range, coefficients of work non-negative, a decode-graph batch >= 0."""
+    if model.graph_max_batch < 0:
+        raise bad(f"cost_model.graph_max_batch must be >= 0, got {model.graph_max_batch}")
+    for path in ("graph", "eager", "mixed"):
+        hinge = getattr(model, path)
+        if hinge is None:
+            continue
+        if hinge.knots and hinge.knots[0] <= 0:
+            raise bad(f"cost_model.{path}.knots must be positive token counts, got {hinge.knots[0]}")
+        for name, v in {**hinge.coef, **(hinge.floor or {})}.items():
+            if name in NONNEGATIVE and v < 0:
+                where = "floor" if name in FLOOR_TERMS else "coef"
+                raise bad(f"cost_model.{path}.{where}.{name} is {v}, but work never makes a pass faster (>= 0)")
+
+
+def _check_predictions(model: PassModel, points: list[dict], max_model_len: int, bad) -> None:
+    """Every measured point's time positive, and the model's prediction positive for it, for a one-token decode
+    and for a prompt of the whole context."""
+    for i, p in enumerate(points):
+        for name in FEATURES:
+            if not isinstance(p[name], (int, float)) or isinstance(p[name], bool) or p[name] < 0:
+                raise bad(f"points row {i}: {name} must be a number >= 0, got {p[name]!r}")
+        if not isinstance(p.get("wall_s"), (int, float)) or not p["wall_s"] > 0:
+            raise bad(f"points row {i}: wall_s must be a time > 0 s, got {p.get('wall_s')!r}")
+    n = max_model_len
+    probes = [PassFeatures(num_tokens=1, prefill_tokens=0, decode_tokens=1, num_seqs=1, prefill_seqs=0,
+                           decode_context=1, prefill_attention=0, num_samples=1),
+              PassFeatures(num_tokens=n, prefill_tokens=n, decode_tokens=0, num_seqs=1, prefill_seqs=1,
+                           decode_context=0, prefill_attention=n * (n + 1) // 2, num_samples=1)]
+    probes += [point_features(p) for p in points]
+    for f in probes:
+        t = model.predict(f)
+        if not (math.isfinite(t) and t > 0):
+            raise bad(f"the cost model predicts {t!r} s for a pass of {f.num_tokens} tokens in {f.num_seqs} "
+                      "sequences; a pass must take a positive time")
+
+
+def point_features(point: Mapping) -> PassFeatures:
+    """A measured point's pass features. Points swept before passes counted their sampled entries have no
+    ``num_samples``: every sequence is taken to sample (only a serving section's loop cost reads it)."""
+    return PassFeatures.from_mapping(point if "num_samples" in point else {**point, "num_samples": point["num_seqs"]})
 
 
 def _points_from(p, bad) -> list[dict]:
@@ -198,4 +264,6 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return Profile.from_dict(data, source=str(path))
+    profile = Profile.from_dict(data, source=str(path))
+    profile.source = str(path)
+    return profile

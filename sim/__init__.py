@@ -1,7 +1,9 @@
 """The cluster simulator: SimPy replicas that run the engine's own scheduler (``engine.policy``), advancing
 simulated time by a calibrated cost model of each ``BatchPlan``.
 
-- ``workload``: request lengths, Poisson/gamma/closed-loop arrivals, trace replay (CSV/JSONL).
+- ``workload``: request lengths, Poisson/gamma/closed-loop arrivals, trace replay (CSV/JSONL, other tools' column
+  names); ``Workload``'s defaults are the command's.
+- ``saturation``: the cluster's estimated saturation rate, and the rate a run without one goes at.
 - ``costs``: ``CostModel`` (what a replica needs from a cost model), loading a shipped profile
   (``calibration.profile``), plus constant/linear cost models for tests.
 - ``replica``: one replica as a SimPy process (schedule -> wait the plan's cost -> update).
@@ -10,9 +12,14 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
   the replicas over worker processes, with identical results.
 - ``request_log``, ``token_stats``: per-request aggregates and streaming inter-token statistics (FastGen's
   EWM and cumulative SLA statistics, a log-spaced gap histogram), so memory stays bounded on long runs.
-- ``metrics``: percentiles, throughput, FastGen effective throughput, goodput, confidence intervals.
-- ``capacity``: replications over seeds, load sweeps and the capacity search.
-- ``report``: ``report.html`` with plotly figures; ``cli``: ``splitfuse simulate``.
+- ``metrics``: percentiles, throughput, FastGen effective throughput, goodput, steady-state rates, confidence
+  intervals, the summary table, and ``requests.csv`` (``audit_frame``); ``units``: each summary key's meaning,
+  unit and printed form.
+- ``capacity``: replications over seeds, load sweeps, the capacity search (steady state, bracketed) and paired
+  comparisons of configurations.
+- ``run_config``: what a run was (profile, card, policy, workload, seeds, SLA, commit).
+- ``report``, ``report_figures``: ``report.html``; ``cli``: ``splitfuse simulate``.
+- ``validation_example``: the example validation grid (the simulator against itself, not a GPU measurement).
 - ``bench``: ``splitfuse bench``, the client that measures a real server and summarizes it as the simulator
   summarizes its own runs.
 

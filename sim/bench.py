@@ -219,7 +219,7 @@ def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len
     """Benchmark any OpenAI-compatible server; prints the simulator's summary table."""
     import httpx
 
-    from sim.metrics import SLA, SUMMARY_KEYS, parse_goodput, summarize
+    from sim.metrics import SLA, audit_frame, parse_goodput, summarize, summary_table
     from sim.workload import Workload, parse_length
 
     url = base_url.rstrip("/")
@@ -247,17 +247,13 @@ def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len
     summary = summarize(result, sla)
     failed = [r for r in records if r.error is not None]
     summary["failed"] = len(failed)
-    for key in (*SUMMARY_KEYS, "failed"):
-        click.echo(f"  {key:28s} {summary[key]:.4g}")
-    if "goodput_rps" in summary:
-        click.echo(f"  {'goodput_rps':28s} {summary['goodput_rps']:.4g}")
+    click.echo(summary_table([summary]).to_string())
     for r in failed[:5]:
         click.echo(f"  request {r.id} failed: {r.error}", err=True)
     if out:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        columns = ["id", "arrival", "first_token", "finish", "prompt_tokens", "output_tokens"]
-        result.requests[columns].to_csv(out / "requests.csv", index=False)
+        audit_frame(result, sla).to_csv(out / "requests.csv", index=False)
         options = {"base_url": url, "model": model, "arrivals": arrivals, "rate": rate, "cv": cv, "clients": clients,
                    "num_requests": num_requests, "prompt_len": prompt_len, "output_len": output_len, "seed": seed}
         (out / "summary.json").write_text(json.dumps({"options": options, "runs": [summary]}, indent=1,

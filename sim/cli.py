@@ -1,4 +1,8 @@
-"""``splitfuse simulate``: run the cluster simulator and print a summary (optionally a load sweep)."""
+"""``splitfuse simulate``: run the cluster simulator and print a summary (optionally a load sweep).
+
+Every default is the Python API's (``Workload``, ``ClusterConfig``, ``PolicyConfig``, ``SLA``), read from there,
+so ``simulate(Workload(), ClusterConfig())`` is the run this command makes without options.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +14,37 @@ import click
 
 from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from engine.policy.options import config_options, pick
-from sim.costs import DEFAULT_PROFILE
+from sim.cluster import ClusterConfig
 from sim.sla_options import sla_options
+from sim.workload import ARRIVALS, Workload
+
+REPORTS = ("full", "light", "none")
+# Options that shape sampled workloads; a trace brings its own arrivals and lengths, so giving one is a mistake.
+TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", "output_len", "max_prompt_len")
 
 
 @click.command()
-@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+@click.option("--profile", default=ClusterConfig.cost, show_default=True,
               help="Shipped profile name or profile JSON path (or builtin-llama-2-7b).")
-@click.option("--replicas", default=4, show_default=True, type=int)
+@click.option("--replicas", default=ClusterConfig.replicas, show_default=True, type=int)
 @config_options(PolicyConfig, exclude=("block_size",))  # the profile gives the block size the engine had
-@click.option("--arrivals", default="poisson", show_default=True, help="poisson, gamma, closed or trace.")
+@click.option("--arrivals", default=None, help=f"{', '.join(ARRIVALS)} (default: trace with --trace, else poisson).")
 @click.option("--rate", type=float, default=None, help="Arrival rate of the cluster, requests/s.")
-@click.option("--load", type=float, default=0.8, show_default=True,
+@click.option("--load", type=float, default=Workload.load, show_default=True,
               help="Without --rate: this share of the estimated saturation rate.")
-@click.option("--cv", type=float, default=1.0, show_default=True, help="Gamma arrivals' coefficient of variation.")
-@click.option("--clients", type=int, default=0, help="Closed-loop clients (with --arrivals closed).")
-@click.option("--trace", type=click.Path(dir_okay=False), default=None, help="CSV/JSONL trace to replay.")
-@click.option("--num-requests", "-n", default=2000, show_default=True, type=int)
-@click.option("--prompt-len", default="normal:2600:0.3", show_default=True,
+@click.option("--cv", type=float, default=Workload.cv, show_default=True,
+              help="Gamma arrivals' coefficient of variation.")
+@click.option("--clients", type=int, default=Workload.clients, help="Closed-loop clients (with --arrivals closed).")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="CSV/JSONL trace to replay (its arrival times and lengths; Vidur's and vLLM's column names too).")
+@click.option("--num-requests", "-n", default=Workload.num_requests, show_default=True, type=int)
+@click.option("--prompt-len", default=str(Workload.prompt), show_default=True,
               help="fixed:N, uniform:LO:HI, normal:MEAN:REL, lognormal:MEAN:SIGMA or file:PATH:COLUMN.")
-@click.option("--output-len", default="normal:128:0.3", show_default=True, help="Same forms as --prompt-len.")
-@click.option("--max-prompt-len", default=4000, show_default=True, type=int,
+@click.option("--output-len", default=str(Workload.output), show_default=True, help="Same forms as --prompt-len.")
+@click.option("--max-prompt-len", default=Workload.max_prompt_tokens, show_default=True, type=int,
               help="Clip sampled prompts to this many tokens (FastGen's benchmark uses 4000).")
-@click.option("--noise/--no-noise", default=True, show_default=True, help="Pass-time noise from the profile.")
+@click.option("--noise/--no-noise", default=ClusterConfig.noise, show_default=True,
+              help="Pass-time noise from the profile.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--replications", default=1, show_default=True, type=int,
               help="Independent runs (seeds seed..seed+R-1); prints 95% confidence intervals.")
@@ -45,13 +57,25 @@ from sim.sla_options import sla_options
               help="Share meeting the SLA that a sweep's best rate must reach.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Write requests.csv, summary.json and report.html here.")
+@click.option("--report", type=click.Choice(REPORTS), default="full", show_default=True,
+              help="report.html: full (self-contained, works offline), light (plotly.js from its CDN, fewer "
+                   "points) or none.")
+@click.option("--token-times", is_flag=True,
+              help="With --out: also write every token's time to token_times.parquet (needs pyarrow).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-def simulate(**options):
+@click.pass_context
+def simulate(ctx: click.Context, **options):
     """Simulate a cluster of replicas on a calibrated profile.
 
-    With no options: FastGen's long-prompt workload (prompts ~2,600, outputs ~128 tokens, 30% spread),
-    Poisson at 80% of the estimated capacity of 4 replicas, Dynamic SplitFuse, on the llama-2-7b profile.
+    With no options: FastGen's long-prompt workload (prompts ~2,600, outputs ~128 tokens, 30% spread, clipped at
+    4,000), Poisson at 80% of the estimated capacity of 4 replicas, Dynamic SplitFuse, on the llama-2-7b profile.
     """
+    if options["trace"]:
+        given = [name for name in TRACE_IGNORES
+                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise click.UsageError(f"--trace replays the trace's own arrivals and lengths; drop {flags}")
     try:
         _run(**options)
     except ValueError as e:
@@ -60,14 +84,15 @@ def simulate(**options):
 
 def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_requests, prompt_len, output_len,
          max_prompt_len, noise, seed, replications, warmup, cooldown, sla_gen_rate, sla_prompt_rate, cumulative_sla,
-         goodput, rates, sweep, sla_target, out, progress, **policy_options):
+         goodput, rates, sweep, sla_target, out, report, token_times, progress, **policy_options):
     options = {**locals(), **policy_options}
     del options["policy_options"]
-    from sim.capacity import estimate_capacity, load_sweep, max_rate_meeting
-    from sim.cluster import ClusterConfig, simulate
-    from sim.costs import describe, load_cost_model
-    from sim.metrics import SLA, SUMMARY_KEYS, confidence_intervals, parse_goodput, summarize
-    from sim.workload import Workload, parse_length
+    from sim.capacity import capacity_answer, load_sweep
+    from sim.cluster import simulate
+    from sim.metrics import SLA, parse_goodput, summarize, summary_table
+    from sim.run_config import run_config
+    from sim.saturation import estimate_capacity, with_rate
+    from sim.units import format_value, label, number, scale
 
     if progress is None:
         progress = sys.stderr.isatty()
@@ -77,71 +102,88 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
         raise ValueError(f"--replications must be >= 1, got {replications}")
     if rate is not None and not rate > 0:
         raise ValueError(f"--rate must be a positive number of requests per second, got {rate}")
-    if not 0 < load:
-        raise ValueError(f"--load must be > 0, got {load}")
-    cost = load_cost_model(profile)
-    config = ClusterConfig(cost, replicas=replicas, policy=policy, noise=noise)
-    config.costs()
+    if token_times:
+        if not out:
+            raise ValueError("--token-times writes token_times.parquet into --out DIR; give --out")
+        _require_parquet()
+    config = ClusterConfig(profile, replicas=replicas, policy=policy, noise=noise)
+    cost = config.costs()[0]
     sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
               goodput=parse_goodput(goodput))
-    workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, cv=cv, clients=clients,
-                        prompt=parse_length(prompt_len, "--prompt-len"),
-                        output=parse_length(output_len, "--output-len"), trace=trace,
-                        max_prompt_tokens=max_prompt_len)
+    workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, load=load, cv=cv, clients=clients,
+                        prompt=prompt_len, output=output_len, trace=trace, max_prompt_tokens=max_prompt_len)
     capacity = estimate_capacity(config, workload)
-    if workload.arrivals in ("poisson", "gamma") and rate is None:
-        workload.rate = load * capacity
+    workload = with_rate(workload, config)
     workload.validate()
-    click.echo(f"profile: {describe(cost)}")
+    seeds = range(seed, seed + replications)
+    for name, value in run_config(config, workload, seeds, sla, warmup, cooldown).items():
+        click.echo(f"{name + ':':26s}{value}")
     if cost.meta.get("kind") != "measured":
         click.echo(f"  NOT a measured profile (kind {cost.meta.get('kind')!r}): {cost.meta.get('note', '')}")
-    click.echo(f"cluster: {replicas} x {policy.scheduler} (token budget {policy.token_budget}), balancer "
-               f"{policy.balancer}; "
-               f"workload: {workload.arrivals}" + (f" at {workload.rate:.3g} req/s" if workload.rate else "")
-               + f", {num_requests if arrivals != 'trace' else 'trace'} requests; est. capacity {capacity:.3g} req/s")
 
     kwargs = {"warmup": warmup, "cooldown": cooldown}
     sweep_df = None
     if rates or sweep:
-        if arrivals not in ("poisson", "gamma"):
+        if workload.arrivals not in ("poisson", "gamma"):
             raise ValueError("--rates/--sweep need open-loop arrivals (--arrivals poisson or gamma)")
         rate_list = _parse_rates(rates) if rates else [capacity * x for x in _linspace(0.2, 1.2, sweep)]
-        sweep_df = load_sweep(workload, config, rate_list, range(seed, seed + replications), sla,
-                              progress=progress, **kwargs)
+        sweep_df = load_sweep(workload, config, rate_list, seeds, sla, progress=progress, **kwargs)
         g = sweep_df.groupby("rate").mean(numeric_only=True)
         cols = ["throughput_rps", "ttft_p95", "tpot_p95", "itl_p95", "sla_share", "effective_throughput_rps"]
-        click.echo(g[cols].to_string(float_format=lambda v: f"{v:.4g}"))
-        best = max_rate_meeting(sweep_df, sla_target)
-        click.echo(f"highest swept rate with >= {sla_target:.0%} of requests meeting the SLA: "
-                   + (f"{best:.4g} req/s" if best is not None else "none"))
-        workload.rate = best or rate_list[0]
+        table = (g[cols] * [scale(c) for c in cols]).rename(columns=label)  # shares in %
+        table.index = [f"{number(r)} req/s" for r in table.index]
+        click.echo(table.to_string(float_format=number))
+        answer = capacity_answer(sweep_df, sla_target)
+        click.echo(f"highest swept rate with >= {sla_target:.0%} of requests meeting the SLA in steady state: "
+                   + ("none" if answer["rate"] is None else format_value("rate", answer["rate"]))
+                   + (f" (the next, {format_value('rate', answer['next_rate'])}, misses)" if answer["bracketed"]
+                      else " (the top of the sweep: the capacity may be higher)" if answer["rate"] else ""))
+        workload.rate = answer["rate"] or rate_list[0]
 
-    results = [simulate(workload, config, seed=s, progress=progress, **kwargs)
-               for s in range(seed, seed + replications)]
+    results = [simulate(workload, config, seed=s, progress=progress, token_times=token_times, **kwargs)
+               for s in seeds]
     summaries = [summarize(r, sla) for r in results]
-    if replications > 1:
-        table = confidence_intervals(summaries)
-        click.echo(table.loc[SUMMARY_KEYS].to_string(float_format=lambda v: f"{v:.4g}"))
-    else:
-        for key in SUMMARY_KEYS:
-            click.echo(f"  {key:28s} {summaries[0][key]:.4g}")
-        if "goodput_rps" in summaries[0]:
-            click.echo(f"  {'goodput_rps':28s} {summaries[0]['goodput_rps']:.4g}")
+    click.echo(summary_table(summaries).to_string())
     if out:
-        from sim.report import write_report
+        ran = run_config(config, workload, seeds, sla, warmup, cooldown)  # a sweep may have changed the rate
+        _write_outputs(Path(out), results, summaries, sla, sweep_df, report, token_times, options, ran)
 
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        columns = ["id", "replica", "arrival", "first_token", "finish", "prompt_tokens", "output_tokens",
-                   "preemptions"]
-        results[0].requests[columns].to_csv(out / "requests.csv", index=False)
-        summary = {"profile": cost.meta, "options": options, "rate": workload.rate,
-                   "runs": summaries}
-        if sweep_df is not None:
-            summary["sweep"] = sweep_df.to_dict(orient="records")
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        write_report(out / "report.html", results[0], summaries[0], sweep_df)
-        click.echo(f"wrote {out}/requests.csv, summary.json, report.html")
+
+def _write_outputs(out: Path, results, summaries, sla, sweep_df, report, token_times, options, config_rows) -> None:
+    import pandas as pd
+
+    from sim.metrics import audit_frame, confidence_intervals
+    from sim.report import write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = ["requests.csv", "summary.json"]
+    frames = [audit_frame(r, sla).assign(seed=r.seed) for r in results]
+    requests = pd.concat(frames, ignore_index=True)
+    requests.insert(0, "seed", requests.pop("seed"))
+    requests.to_csv(out / "requests.csv", index=False)
+    summary = {"config": config_rows, "profile": results[0].config.costs()[0].meta, "options": options,
+               "rate": results[0].meta["workload"].rate, "runs": summaries}
+    if len(summaries) > 1:
+        summary["confidence_intervals"] = confidence_intervals(summaries).to_dict(orient="index")
+    if sweep_df is not None:
+        summary["sweep"] = sweep_df.to_dict(orient="records")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    if token_times:
+        times = pd.concat([r.token_times.assign(seed=r.seed) for r in results], ignore_index=True)
+        times.to_parquet(out / "token_times.parquet", index=False)
+        written.append("token_times.parquet")
+    if report != "none":
+        write_report(out / "report.html", results, sla, sweep_df, light=report == "light", config=config_rows)
+        written.append("report.html")
+    click.echo(f"wrote {', '.join(f'{out}/{name}' for name in written)}")
+
+
+def _require_parquet() -> None:
+    try:
+        import pyarrow  # noqa: F401  (pandas writes parquet through it)
+    except ImportError:
+        raise ValueError("--token-times writes parquet through pyarrow, which is not installed: "
+                         "pip install pyarrow (or pip install 'splitfuse[parquet]')") from None
 
 
 def _parse_rates(text: str) -> list[float]:

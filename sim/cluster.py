@@ -6,14 +6,16 @@ import gc
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import simpy
 
 from engine.policy import BatchPlan, PolicyConfig, ReplicaLoad, Request, SamplingParams, make_balancer
-from sim.costs import CostModel
+from sim.costs import DEFAULT_PROFILE, CostModel, load_cost_model
 from sim.replica import Replica
 from sim.request_log import RequestLog
+from sim.saturation import with_rate
 from sim.workload import RequestTable, Workload
 
 
@@ -21,12 +23,19 @@ from sim.workload import RequestTable, Workload
 class ClusterConfig:
     """``replicas`` replicas behind one load balancer, each running ``policy`` (its scheduler, token budget,
     ``max_num_seqs``, prefix caching; the balancer) on ``cost``: one cost model for every replica or a list with
-    one per replica. ``noise``: draw pass times from the profile's measured spread."""
+    one per replica, each a cost model or what ``--profile`` takes (a shipped profile name or a profile path).
+    ``noise``: draw pass times from the profile's measured spread."""
 
-    cost: CostModel | list[CostModel]
-    replicas: int = 1
+    cost: CostModel | str | Path | list = DEFAULT_PROFILE
+    replicas: int = 4
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     noise: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cost, (list, tuple)):
+            self.cost = [_cost_model(c) for c in self.cost]
+        else:
+            self.cost = _cost_model(self.cost)
 
     def costs(self) -> list[CostModel]:
         if self.replicas < 1:
@@ -36,6 +45,10 @@ class ClusterConfig:
                 raise ValueError(f"{len(self.cost)} cost models for {self.replicas} replicas")
             return list(self.cost)
         return [self.cost] * self.replicas
+
+
+def _cost_model(cost) -> CostModel:
+    return load_cost_model(str(cost)) if isinstance(cost, (str, Path)) else cost
 
 
 class SimResult:
@@ -70,6 +83,13 @@ class SimResult:
 
             self._frames["replicas"] = pd.DataFrame(self.replica_rows)
         return self._frames["replicas"]
+
+    @property
+    def token_times(self):
+        """One row per output token (request id, token index, time in s), if the run kept them."""
+        if "token_times" not in self._frames:
+            self._frames["token_times"] = self.log.token_times_frame()
+        return self._frames["token_times"]
 
     @property
     def kv(self):
@@ -112,7 +132,7 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
         bad = np.flatnonzero((need > cost.num_kv_blocks) | ((prompts >= limit) if limit else False))
         if bad.size:
             j = int(bad[0])
-            raise ValueError(f"request row {j} (prompt {int(prompts[j])}, output {int(outputs[j])} tokens) can never "
+            raise ValueError(f"{table.name(j)} (prompt {int(prompts[j])}, output {int(outputs[j])} tokens) can never "
                              f"run on replica {i}: its KV cache holds {cost.num_kv_blocks} blocks of "
                              f"{cost.block_size} tokens, context limit {limit}")
         policy = config.policy
@@ -121,7 +141,7 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
             j = int(np.argmax(longest))
             if longest[j] > policy.token_budget:
                 raise ValueError(f"--token-budget {policy.token_budget} is too small for {policy.scheduler}: "
-                                 f"request row {j} needs whole passes of up to {int(longest[j])} tokens")
+                                 f"{table.name(j)} needs whole passes of up to {int(longest[j])} tokens")
 
 
 def admission_delays(table: RequestTable, costs: list, seed: int) -> list[float]:
@@ -150,9 +170,12 @@ PARALLEL_MIN_REQUESTS = 20_000  # below this, starting worker processes costs mo
 
 def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
              cooldown: float = 0.0, progress: bool = False, workers: int | None = None,
-             on_pass: Callable[[int, BatchPlan, float, float], None] | None = None) -> SimResult:
+             on_pass: Callable[[int, BatchPlan, float, float], None] | None = None,
+             token_times: bool = False) -> SimResult:
     """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
-    the statistics.
+    the statistics. An open-loop workload without a rate runs at its ``load`` x the estimated capacity
+    (``sim.saturation.with_rate``); ``result.meta["workload"]`` is the workload as run. ``token_times``: keep
+    every token's time (``result.token_times``).
 
     ``workers``: processes to spread the replicas over (None: one per CPU for big open-loop runs). Only with a
     balancer in ``STATE_FREE_BALANCERS`` and open-loop arrivals; otherwise the run stays in this process. Every
@@ -163,6 +186,8 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     (a pass-level trace; the run then stays in this process).
     """
     costs = config.costs()
+    if isinstance(workload, Workload):
+        workload = with_rate(workload, config)
     table = workload if isinstance(workload, RequestTable) else workload.generate(seed)
     clients = workload.clients if isinstance(workload, Workload) and workload.arrivals == "closed" else 0
     n = len(table)
@@ -171,26 +196,27 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     check_fits(table, costs, config)
-    measured = (int(n * warmup), n - int(n * cooldown))
+    log_args = (int(n * warmup), n - int(n * cooldown), token_times)  # RequestLog(measured from, to, token times)
     if workers is None:
         workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
     workers = min(workers, len(costs))
     if (workers > 1 and not clients and on_pass is None and config.policy.balancer in STATE_FREE_BALANCERS
             and _can_fork()):
-        log, stats = _simulate_parallel(table, costs, config, seed, measured, workers, progress)
+        log, stats = _simulate_parallel(table, costs, config, seed, log_args, workers, progress)
     else:
-        log, stats = _run(table, costs, config, seed, measured, clients, progress, on_pass=on_pass)
-    return _result(log, stats, config, seed)
+        log, stats = _run(table, costs, config, seed, log_args, clients, progress, on_pass=on_pass)
+    meta = {"workload": workload if isinstance(workload, Workload) else None, "warmup": warmup, "cooldown": cooldown}
+    return _result(log, stats, config, seed, meta)
 
 
-def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, measured: tuple[int, int],
+def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log_args: tuple,
          clients: int = 0, progress: bool = False, choices: list[int] | None = None,
          own: set[int] | None = None, on_pass=None) -> tuple[RequestLog, list[dict]]:
     """Simulate in this process. ``choices`` (the replica of each request, decided beforehand) and ``own`` (the
     replicas simulated here; requests for others are skipped) are for a worker of ``_simulate_parallel``."""
     n = len(table)
     env = simpy.Environment()
-    log = RequestLog(*measured)
+    log = RequestLog(*log_args)
     balancer = make_balancer(config.policy.balancer, seed)
     bar = _progress_bar(n) if progress else None
     waiters: dict[int, simpy.Event] = {}
@@ -282,7 +308,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, mea
 
 
 def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, seed: int,
-                       measured: tuple[int, int], workers: int, progress: bool) -> tuple[RequestLog, list[dict]]:
+                       log_args: tuple, workers: int, progress: bool) -> tuple[RequestLog, list[dict]]:
     """Decide every request's replica up front (the balancer ignores replica state), simulate the replicas in
     ``workers`` processes (replica i in worker i % workers), and merge their logs."""
     import multiprocessing
@@ -292,7 +318,7 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
     choices = [0] * len(table)
     for i, _, _ in arrival_order(table, admission_delays(table, costs, seed)):  # as _run sends them
         choices[i] = choose(everyone)
-    jobs = [(table, costs, config, seed, measured, choices, set(range(w, len(costs), workers)))
+    jobs = [(table, costs, config, seed, log_args, choices, set(range(w, len(costs), workers)))
             for w in range(workers)]
     global _FORKED_JOBS
     _FORKED_JOBS = jobs  # handed to forked workers by inheritance, not pickled
@@ -302,7 +328,7 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
             parts = pool.map(_worker, range(workers))
     finally:
         _FORKED_JOBS = None
-    log = RequestLog(*measured)
+    log = RequestLog(*log_args)
     stats = []
     for part_log, part_stats in parts:
         log.merge(part_log)
@@ -323,17 +349,17 @@ def _can_fork() -> bool:
 
 
 def _worker(w: int) -> tuple[RequestLog, list[dict]]:
-    table, costs, config, seed, measured, choices, own = _FORKED_JOBS[w]
-    return _run(table, costs, config, seed, measured, choices=choices, own=own)
+    table, costs, config, seed, log_args, choices, own = _FORKED_JOBS[w]
+    return _run(table, costs, config, seed, log_args, choices=choices, own=own)
 
 
 def _progress_bar(total: int):
-    from tqdm import tqdm
+    from tqdm.auto import tqdm  # a widget in Jupyter, text on a terminal
 
     return tqdm(total=total, unit="req", desc="simulating", leave=False)
 
 
-def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: int) -> SimResult:
+def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: int, meta: dict) -> SimResult:
     columns = log.to_columns()
     span = float(columns["finish"].max() - columns["arrival"].min()) if len(columns["id"]) else 0.0
     rows = []
@@ -351,4 +377,4 @@ def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: 
     tokens = np.zeros((len(replicas), width), dtype=np.int64)
     for r in replicas:
         tokens[r["index"], :len(r["tokens_per_pass"])] = r["tokens_per_pass"]
-    return SimResult(columns, rows, kv_parts, tokens, log, config, seed)
+    return SimResult(columns, rows, kv_parts, tokens, log, config, seed, meta)

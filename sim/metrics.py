@@ -5,6 +5,9 @@ FastGen (DeepSpeed-MII's benchmark): a request meets the SLA when its first toke
 cumulative variant, token k comes within ``k / rate`` of the first). Throughput is requests / (last finish -
 first arrival); effective throughput = throughput x share meeting the SLA.
 Goodput (as ``vllm bench serve --goodput``): requests/s meeting every given TTFT/TPOT/e2e limit.
+Steady state: ``arrival_rate_rps`` and ``completion_rate_rps`` are the rates of the measured requests' arrivals
+and finishes (inverse least-squares slopes of their sorted times); a run whose queue grows finishes requests
+slower than they arrive. ``audit_frame`` is ``requests.csv``: every per-request number the summary is made of.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.units import bounds, describe, format_value
+
 SUMMARY_KEYS = [  # the rows a run's summary table shows (simulate and bench)
     "requests", "throughput_rps", "token_throughput_tps", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95",
     "itl_p95", "itl_p99", "e2e_p50", "e2e_p99", "queue_delay_mean", "sla_share", "effective_throughput_rps",
-    "preemptions", "mean_busy_share", "mean_tokens_per_pass"]
+    "goodput_rps", "preemptions", "mean_busy_share", "mean_tokens_per_pass", "failed"]
 
 GENERATION_RATES = (1, 2, 3, 4, 6, 8)
 PERCENTILES = (50, 90, 95, 99)
@@ -76,7 +81,8 @@ def summarize(result, sla: SLA | None = None) -> dict:
     throughput = n / span if n and span > 0 else float("nan")
     out = {"seed": result.seed, "requests": n, "duration_s": span, "throughput_rps": throughput,
            "token_throughput_tps": float(m["output_tokens"].sum()) / span if n else float("nan"),
-           "prompt_throughput_tps": float(m["prompt_tokens"].sum()) / span if n else float("nan")}
+           "prompt_throughput_tps": float(m["prompt_tokens"].sum()) / span if n else float("nan"),
+           "arrival_rate_rps": event_rate(m["arrival"]), "completion_rate_rps": event_rate(m["finish"])}
     for metric in ("ttft", "tpot", "e2e", "queue_delay"):
         values = m[metric][~np.isnan(m[metric])]
         out[f"{metric}_mean"] = float(values.mean()) if values.size else float("nan")
@@ -86,16 +92,14 @@ def summarize(result, sla: SLA | None = None) -> dict:
     out["itl_mean"] = gaps.mean()
     for q in PERCENTILES:
         out[f"itl_p{q}"] = gaps.percentile(q)
-    for rate in sorted(set(GENERATION_RATES) | {sla.generation_rate}):
+    for rate in sla_rates(sla):
         share = float(meets_fastgen_sla(m, rate, sla).mean()) if n else float("nan")
         out[f"sla_share@{rate:g}"] = share
         out[f"effective_throughput@{rate:g}"] = throughput * share
     out["sla_share"] = out[f"sla_share@{sla.generation_rate:g}"]
     out["effective_throughput_rps"] = out[f"effective_throughput@{sla.generation_rate:g}"]
     if sla.goodput:
-        good = np.ones(n, dtype=bool)
-        for metric, limit in sla.goodput.items():
-            good &= ~(np.asarray(m[metric]) > limit)  # a NaN TPOT (one output token) passes
+        good = meets_goodput(m, sla)
         out["goodput_rps"] = float(good.sum()) / span if n else float("nan")
         out["goodput_share"] = float(good.mean()) if n else float("nan")
     reps = result.replica_rows
@@ -107,15 +111,94 @@ def summarize(result, sla: SLA | None = None) -> dict:
     return out
 
 
+def event_rate(times) -> float:
+    """Events per second: the inverse least-squares slope of the sorted event times against their rank (NaN for
+    fewer than 3 events)."""
+    t = np.sort(np.asarray(times, dtype=float))
+    if t.size < 3:
+        return float("nan")
+    slope = np.polyfit(np.arange(t.size), t, 1)[0]
+    return float(1.0 / slope) if slope > 0 else float("nan")
+
+
+def sla_rates(sla: SLA) -> list[float]:
+    """The generation rates (tokens/s) a summary judges: FastGen's 1-8 and the SLA's own."""
+    return sorted(set(GENERATION_RATES) | {sla.generation_rate})
+
+
+def audit_frame(result, sla: SLA | None = None):
+    """One row per request with the times (s) and SLA verdicts its summary is computed from: ``requests.csv``.
+
+    ``max_ewm_gap_s`` / ``max_mean_gap_s`` are the generation-SLA statistics (EWM, cumulative; the one in use is
+    compared with 1 / rate), ``prompt_sla_s`` the prompt SLA's limit on TTFT, ``meets_sla@R`` the verdict at R
+    tokens/s. The summary's percentiles and shares are those of the rows with ``measured`` true."""
+    import pandas as pd
+
+    sla = sla or SLA()
+    c = result.columns
+    df = pd.DataFrame({name: c[name] for name in ("id", "replica") if name in c})
+    df["measured"] = c["measured"]
+    for name in ("arrival", "scheduled", "first_token", "finish"):
+        df[f"{name}_s"] = c[name]
+    for name in ("prompt_tokens", "output_tokens", "cached_tokens", "preemptions"):
+        if name in c:
+            df[name] = c[name]
+    for name in ("ttft", "tpot", "e2e", "queue_delay", "max_ewm_gap", "max_mean_gap"):
+        df[f"{name}_s"] = c[name]
+    df["prompt_sla_s"] = c["prompt_tokens"] / sla.prompt_tokens_per_s
+    df["meets_prompt_sla"] = c["ttft"] <= df["prompt_sla_s"].to_numpy()
+    for rate in sla_rates(sla):
+        df[f"meets_sla@{rate:g}"] = meets_fastgen_sla(c, rate, sla)
+    if sla.goodput:
+        df["meets_goodput"] = meets_goodput(c, sla)
+    return df
+
+
+def meets_goodput(columns, sla: SLA) -> np.ndarray:
+    """Boolean per request: every goodput limit of ``sla`` met (a NaN TPOT, one output token, passes)."""
+    good = np.ones(len(columns["ttft"]), dtype=bool)
+    for metric, limit in sla.goodput.items():
+        good &= ~(np.asarray(columns[metric]) > limit)
+    return good
+
+
+def t_interval(values, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and Student-t confidence interval of independent replications along ``axis`` (NaN bounds for one)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    k = x.shape[axis]
+    mean = x.mean(axis=axis)
+    if k < 2:
+        return mean, mean * np.nan, mean * np.nan
+    half = stats.t.ppf(0.5 + level / 2, k - 1) * x.std(axis=axis, ddof=1) / np.sqrt(k)
+    return mean, mean - half, mean + half
+
+
 def confidence_intervals(summaries, level: float = 0.95):
     """Mean and Student-t interval of each numeric summary column over independent replications."""
     import pandas as pd
-    from scipy import stats
 
     df = pd.DataFrame(summaries).drop(columns=["seed"], errors="ignore")
     df = df.select_dtypes("number")
-    k = len(df)
-    mean = df.mean()
-    sem = df.std(ddof=1) / np.sqrt(k) if k > 1 else df.mean() * np.nan
-    half = sem * (stats.t.ppf(0.5 + level / 2, k - 1) if k > 1 else np.nan)
-    return pd.DataFrame({"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "replications": k})
+    mean, low, high = t_interval(df.to_numpy(dtype=float), level=level)
+    return pd.DataFrame({"mean": mean, "ci_low": low, "ci_high": high, "replications": len(df)}, index=df.columns)
+
+
+def summary_table(summaries, keys=SUMMARY_KEYS, level: float = 0.95):
+    """The summary ``keys`` (those present) as a table to print or show: one row per key, named with its unit
+    (``sim.units``), holding the value of one replication, or the mean and confidence interval of several (clipped
+    to the metric's range, ``sim.units.bounds``)."""
+    import pandas as pd
+
+    keys = [k for k in keys if k in summaries[0]]
+    index = pd.Index([describe(k)[0] for k in keys], name="metric")
+    if len(summaries) == 1:
+        return pd.DataFrame({"value": [format_value(k, summaries[0][k]) for k in keys]}, index=index)
+    ci = confidence_intervals(summaries, level)
+    for k in keys:
+        ci.loc[k, ["ci_low", "ci_high"]] = np.clip(ci.loc[k, ["ci_low", "ci_high"]].to_numpy(dtype=float), *bounds(k))
+    return pd.DataFrame({
+        "mean": [format_value(k, ci.loc[k, "mean"]) for k in keys],
+        f"{level:.0%} CI": [f"{format_value(k, ci.loc[k, 'ci_low'])} to {format_value(k, ci.loc[k, 'ci_high'])}"
+                            for k in keys]}, index=index)

@@ -1,85 +1,72 @@
-"""``report.html``: plotly figures of one replication (and of a load sweep when there is one)."""
+"""``report.html``: what ran (the run configuration), the summary with units and confidence intervals over all
+replications, and the figures of ``sim.report_figures``.
+
+The full report embeds plotly.js once and renders offline; the light one loads plotly.js from its CDN (blank
+without a network) and draws fewer points.
+"""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
 
-import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+from sim import report_figures as figures
+from sim.metrics import SLA, summarize, summary_table
+from sim.run_config import run_config
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222;max-width:1500px}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left}
+th{background:#f3f3f3}h2{margin-top:1.6em}.note{color:#555;max-width:70em}"""
 
 
-def latency_cdfs(requests) -> go.Figure:
-    m = requests[requests["measured"]]
-    fig = make_subplots(rows=1, cols=4, subplot_titles=("TTFT (s)", "TPOT (s)", "e2e (s)", "queueing delay (s)"))
-    for col, metric in enumerate(("ttft", "tpot", "e2e", "queue_delay"), start=1):
-        x = np.sort(m[metric].dropna().to_numpy())
-        if x.size > 2000:  # a CDF needs no more points than pixels
-            x = x[np.linspace(0, x.size - 1, 2000).astype(int)]
-        fig.add_trace(go.Scatter(x=x, y=np.linspace(0, 1, x.size), mode="lines", name=metric), row=1, col=col)
-    fig.update_layout(title="Latency CDFs (measured requests)", showlegend=False, height=350)
-    return fig
-
-
-def tokens_per_pass(tokens: np.ndarray) -> go.Figure:
-    total = tokens.sum(axis=0)
-    nz = np.flatnonzero(total)
-    fig = go.Figure(go.Bar(x=nz, y=total[nz]))
-    fig.update_layout(title="Tokens per pass (all replicas)", xaxis_title="tokens in the pass",
-                      yaxis_title="passes", height=350)
-    return fig
-
-
-def replica_load(replicas) -> go.Figure:
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("requests", "busy share", "preemptions"))
-    for col, metric in enumerate(("requests", "busy_share", "preemptions"), start=1):
-        fig.add_trace(go.Bar(x=replicas["replica"], y=replicas[metric], name=metric), row=1, col=col)
-    fig.update_layout(title="Per-replica load", showlegend=False, height=350)
-    return fig
-
-
-def kv_usage(kv, max_replicas: int = 16) -> go.Figure:
-    fig = go.Figure()
-    for replica, group in kv.groupby("replica"):
-        if replica >= max_replicas:
-            break
-        fig.add_trace(go.Scatter(x=group["time"], y=group["kv_usage"], mode="lines", name=f"replica {replica}"))
-    fig.update_layout(title="KV cache use over time", xaxis_title="time (s)", yaxis_title="share of blocks used",
-                      height=350)
-    return fig
-
-
-def sweep_curve(sweep) -> go.Figure:
-    g = sweep.groupby("rate").mean(numeric_only=True).reset_index()
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("latency vs throughput", "SLA attainment"))
-    for metric in ("ttft_p95", "tpot_p95", "e2e_p50"):
-        fig.add_trace(go.Scatter(x=g["throughput_rps"], y=g[metric], mode="lines+markers", name=metric), 1, 1)
-    fig.add_trace(go.Scatter(x=g["rate"], y=g["sla_share"], mode="lines+markers", name="SLA share"), 1, 2)
-    fig.add_trace(go.Scatter(x=g["rate"], y=g["effective_throughput_rps"], mode="lines+markers",
-                             name="effective throughput"), 1, 2)
-    fig.update_xaxes(title_text="throughput (req/s)", row=1, col=1)
-    fig.update_xaxes(title_text="arrival rate (req/s)", row=1, col=2)
-    fig.update_layout(title="Load sweep", height=400)
-    return fig
-
-
-def write_report(path: str | Path, result, summary: dict, sweep=None, title: str = "splitfuse simulation") -> Path:
-    """One self-contained HTML file (plotly.js embedded once)."""
-    figures = [latency_cdfs(result.requests), tokens_per_pass(result.tokens_per_pass),
-               replica_load(result.replicas), kv_usage(result.kv)]
+def write_report(path: str | Path, results, sla: SLA | None = None, sweep=None, light: bool = False,
+                 config: dict | None = None, title: str = "splitfuse simulation") -> Path:
+    """One HTML file for the replications ``results`` (``SimResult``s of one configuration, one per seed), with the
+    load ``sweep`` (``sim.capacity.load_sweep``'s frame) when there is one. ``config``: the run-configuration rows
+    (default: ``run_config`` of the results)."""
+    sla = sla or SLA()
+    first = results[0]
+    meta = first.meta
+    if config is None:
+        config = run_config(first.config, meta.get("workload"), [r.seed for r in results], sla,
+                            meta.get("warmup", 0.0), meta.get("cooldown", 0.0))
+    summaries = [summarize(r, sla) for r in results]
+    points = 60 if light else 200
+    sections = []
     if sweep is not None:
-        figures.insert(0, sweep_curve(sweep))
-    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
-    parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>",
-             f"<h1>{html.escape(title)}</h1><table>{rows}</table>"]
-    for i, fig in enumerate(figures):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+        sections.append(("Load sweep", "Each curve is the mean over seeds at each swept rate; the shaded band is its "
+                         "95% confidence interval.", figures.sweep_curves(sweep)))
+    sections += [
+        ("Latency", "Quantiles of each latency averaged over replications; the band is their 95% confidence "
+         "interval.", figures.latency_cdfs(results, points)),
+        ("SLA attainment", "FastGen's effective throughput is throughput x the share of requests that meet both the "
+         "prompt and the generation SLA.", figures.sla_attainment(summaries)),
+        ("Per-replica load", "Bars: mean over replications; whiskers: 95% confidence interval.",
+         figures.replica_load(results)),
+        ("Tokens per pass", "How full the passes were: the token budget caps them.",
+         figures.tokens_per_pass(results)),
+        ("KV cache", "Share of each replica's KV blocks in use.",
+         figures.kv_usage(first, points=300 if light else 2000)),
+    ]
+    n = len(results)
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+             "<h2>Run configuration</h2>", _table(config.items(), ("setting", "value")),
+             f"<h2>Summary</h2><p class='note'>Measured requests of {n} replication{'s' if n > 1 else ''}"
+             + (": mean and 95% Student-t confidence interval over them." if n > 1 else
+                " (one replication: no confidence interval; run --replications 5 for one).") + "</p>",
+             summary_table(summaries).to_html(border=0)]
+    for i, (heading, note, fig) in enumerate(sections):
+        parts.append(f"<h2>{html.escape(heading)}</h2><p class='note'>{html.escape(note)}</p>")
+        js = ("cdn" if light else True) if i == 0 else False
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=js, config={"displaylogo": False}))
     parts.append("</body></html>")
     path = Path(path)
     path.write_text("\n".join(parts))
     return path
 
 
-def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+def _table(rows, header) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"

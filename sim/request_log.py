@@ -13,12 +13,14 @@ BATCH = 4096  # finished requests whose token times are reduced together
 
 class RequestLog:
     """Collects one row per finished request; ``measured(i)`` says whether request i counts in the statistics
-    (warm-up and cool-down requests are kept as rows but left out of the gap histogram)."""
+    (warm-up and cool-down requests are kept as rows but left out of the gap histogram). With
+    ``keep_token_times`` it also keeps every token's time (``token_times_frame``)."""
 
     FLOAT_COLUMNS = ("arrival", "scheduled", "first_token", "finish")
     INT_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "preemptions", "cached_tokens")
 
-    def __init__(self, measured_from: int = 0, measured_to: int | None = None) -> None:
+    def __init__(self, measured_from: int = 0, measured_to: int | None = None,
+                 keep_token_times: bool = False) -> None:
         self.columns = {c: array("d") for c in self.FLOAT_COLUMNS}
         self.columns.update({c: array("q") for c in self.INT_COLUMNS})
         self.max_ewm_gap = array("d")
@@ -28,6 +30,7 @@ class RequestLog:
         self.measured_to = measured_to
         self._pending: list[list[float]] = []
         self._pending_measured: list[bool] = []
+        self.token_times: list[tuple[int, np.ndarray]] | None = [] if keep_token_times else None
 
     def __len__(self) -> int:
         return len(self.columns["id"])
@@ -55,6 +58,8 @@ class RequestLog:
         c["preemptions"].append(preemptions)
         c["cached_tokens"].append(cached_tokens)
         self._pending.append(token_times)
+        if self.token_times is not None:
+            self.token_times.append((request_id, np.array(token_times, dtype=np.float64)))
         self._pending_measured.append(self.measured_from <= request_id and (self.measured_to is None
                                                                             or request_id < self.measured_to))
         if len(self._pending) >= BATCH:
@@ -84,6 +89,21 @@ class RequestLog:
         self.max_ewm_gap.extend(other.max_ewm_gap)
         self.max_mean_gap.extend(other.max_mean_gap)
         self.gaps.merge(other.gaps)
+        if self.token_times is not None:
+            self.token_times.extend(other.token_times)
+
+    def token_times_frame(self):
+        """A DataFrame with one row per output token: ``id``, ``token`` (0 = the first) and ``time`` (s)."""
+        import pandas as pd
+
+        if self.token_times is None:
+            raise ValueError("token times were not kept: run with token_times=True (--token-times)")
+        kept = sorted(self.token_times, key=lambda item: item[0])
+        lengths = [len(times) for _, times in kept]
+        return pd.DataFrame({
+            "id": np.repeat([i for i, _ in kept], lengths).astype(np.int64),
+            "token": np.concatenate([np.arange(n) for n in lengths]) if kept else np.empty(0, dtype=np.int64),
+            "time": np.concatenate([times for _, times in kept]) if kept else np.empty(0)})
 
     def to_columns(self) -> dict[str, np.ndarray]:
         """One row per request, sorted by id, as numpy columns: the columns above plus ttft, tpot, e2e,

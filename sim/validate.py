@@ -45,7 +45,7 @@ from sim.bench import Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import CostModel
 from sim.metrics import SLA, summarize
-from sim.workload import Workload, parse_length
+from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, Workload, parse_length
 
 # name: (prompt lengths, output lengths), as in issue 17 (prompts clipped at 4,000 tokens, as FastGen's benchmark)
 MIXES = {
@@ -53,7 +53,7 @@ MIXES = {
     "short": ("normal:512:0.3", "normal:256:0.3"),
     "fastgen": ("normal:2600:0.3", "normal:60:0.3"),  # DeepSpeed-FastGen's headline workload
 }
-MAX_PROMPT_TOKENS = 4000
+MAX_PROMPT_TOKENS = FASTGEN_MAX_PROMPT_TOKENS
 COMPARED = ("ttft", "tpot", "e2e", "itl")
 STATS = ("mean", "p50", "p90", "p99")
 RATES = ("throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions")
@@ -290,7 +290,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     rate; ``cell_seconds`` caps an open-loop cell's requests at rate x that many seconds (at least 50); cells not
     begun within ``time_budget`` seconds are skipped (and said so), so that the servers still stop in order and
     write their traces."""
-    from sim.capacity import estimate_capacity
+    from sim.saturation import estimate_capacity
 
     deadline = time.monotonic() + time_budget if time_budget else float("inf")
 

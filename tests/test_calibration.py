@@ -366,15 +366,6 @@ def test_knot_selection_by_cross_validation_finds_a_kink_coarse_knots_miss():
     assert not name.startswith("coarse") and scores["coarse"] > 2 * scores[name]
 
 
-def test_plots_write_latency_and_throughput_html(tmp_path):
-    pytest.importorskip("plotly")
-    from calibration.plots import write_plots
-
-    written = write_plots(synthetic_profile(), tmp_path, png=False)
-    assert sorted(p.name.rsplit("-", 1)[-1] for p in written) == ["latency.html", "throughput.html"]
-    assert all("synthetic" in p.read_text() for p in written)
-
-
 def test_fit_without_buckets_has_two_paths():
     fit = synthetic_profile().fit
     assert set(fit["selection"]) == set(fit["heldout_by_path"]) == {"graph", "eager"}

@@ -15,22 +15,24 @@ def test_writes_requests_summary_and_report(tmp_path):
     result = CliRunner().invoke(simulate, ["-n", "200", "--replicas", "2", "--seed", "1", "--out", str(out),
                                            "--goodput", "ttft:1,tpot:0.1", "--warmup", "0.1"])
     assert result.exit_code == 0, result.output
-    assert "effective_throughput_rps" in result.output and "goodput_rps" in result.output
+    assert "effective throughput (FastGen)" in result.output and "goodput" in result.output
     df = pd.read_csv(out / "requests.csv")
-    assert list(df.columns) == ["id", "replica", "arrival", "first_token", "finish", "prompt_tokens",
-                                "output_tokens", "preemptions"]
-    assert len(df) == 200 and set(df["replica"]) == {0, 1}
+    assert len(df) == 200 and set(df["replica"]) == {0, 1} and set(df["seed"]) == {1}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs"][0]["requests"] == 180 and summary["options"]["replicas"] == 2
+    assert summary["config"]["replicas"] == "2" and "llama-2-7b" in summary["config"]["profile"]
     html = (out / "report.html").read_text()
-    assert html.count("plotly-graph-div") >= 4 and "KV cache use" in html
+    assert html.count("plotly-graph-div") >= 5 and "KV cache use" in html
 
 
-def test_sweep_prints_the_curve_and_the_best_rate():
+def test_sweep_prints_the_curve_and_runs_the_best_rate(tmp_path):
     result = CliRunner().invoke(simulate, ["-n", "150", "--replicas", "1", "--rates", "1,3,30",
-                                           "--replications", "2"])
+                                           "--replications", "2", "--out", str(tmp_path), "--report", "none"])
     assert result.exit_code == 0, result.output
-    assert "highest swept rate" in result.output and "ci_low" in result.output
+    assert "highest swept rate" in result.output and "(the next, 30 req/s, misses)" in result.output
+    assert "95% CI" in result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rate"] == 3.0 and summary["config"]["rate"].startswith("3 req/s")  # what ran, not the default
 
 
 def test_console_script_runs_without_torch():

@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from engine.policy import PolicyConfig
-from sim.capacity import estimate_capacity
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost, LinearCost, load_cost_model
 from sim.metrics import summarize
+from sim.saturation import estimate_capacity
 from sim.workload import LengthDist, RequestTable, Workload
 
 SMALL = LinearCost(base=5e-3, per_token=2e-5, per_decode_context=1e-7, noise_sigma=0.05, num_kv_blocks=400)
@@ -44,7 +44,8 @@ def test_every_request_finishes_exactly_once_with_its_output(scheduler, balancer
 
 def test_preemption_shows_up_when_kv_is_short():
     tight = LinearCost(base=5e-3, per_token=2e-5, num_kv_blocks=60)
-    result = simulate(small_workload(rate=60.0), ClusterConfig(tight, policy=PolicyConfig(token_budget=700)), seed=1)
+    config = ClusterConfig(tight, replicas=1, policy=PolicyConfig(token_budget=700))
+    result = simulate(small_workload(rate=60.0), config, seed=1)
     assert result.replicas["preemptions"].sum() > 0
     assert result.requests["preemptions"].sum() == result.replicas["preemptions"].sum()
     assert result.replicas["peak_kv_usage"].max() > 0.9
@@ -63,8 +64,8 @@ def test_splitfuse_beats_prefill_first_on_fastgens_long_prompt_workload():
     cost = load_cost_model("llama-2-7b")
     w = Workload(num_requests=600, rate=1.0, prompt=LengthDist("normal", (2600, 0.3)),
                  output=LengthDist("normal", (128, 0.3)), max_prompt_tokens=4000)
-    split_config = ClusterConfig(cost, policy=PolicyConfig(scheduler="splitfuse", token_budget=768))
-    whole_config = ClusterConfig(cost, policy=PolicyConfig(scheduler="prefill-first", token_budget=4400))
+    split_config = ClusterConfig(cost, replicas=1, policy=PolicyConfig(scheduler="splitfuse", token_budget=768))
+    whole_config = ClusterConfig(cost, replicas=1, policy=PolicyConfig(scheduler="prefill-first", token_budget=4400))
     w.rate = 0.9 * estimate_capacity(split_config, w)
     split = summarize(simulate(w, split_config, seed=0))
     whole = summarize(simulate(w, whole_config, seed=0))
@@ -100,8 +101,9 @@ def test_shared_prefixes_hit_the_prefix_cache():
     n = 200
     table = RequestTable(np.arange(n) * 0.05, np.full(n, 512), np.full(n, 8),
                          prefix_ids=np.array(["system"] * n, dtype=object), prefix_lens=np.full(n, 480))
-    cached = simulate(table, ClusterConfig(SMALL), seed=0).requests
-    uncached = simulate(table, ClusterConfig(SMALL, policy=PolicyConfig(enable_prefix_caching=False)), seed=0).requests
+    cached = simulate(table, ClusterConfig(SMALL, replicas=1), seed=0).requests
+    no_cache = ClusterConfig(SMALL, replicas=1, policy=PolicyConfig(enable_prefix_caching=False))
+    uncached = simulate(table, no_cache, seed=0).requests
     assert cached["cached_tokens"].iloc[1:].eq(480).all() and uncached["cached_tokens"].eq(0).all()
     assert cached["ttft"].mean() < uncached["ttft"].mean()
 

@@ -1,0 +1,100 @@
+"""Sim-against-engine validation results: the long CSV format of ``calibration/validation/*.csv`` (one file per
+grid, one row per source x cell: the ``validation.csv`` that ``splitfuse validate`` writes; see
+``calibration/validation/README.md``), read and checked, and the simulator's relative error against each measured
+source per cell and metric.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VALIDATION_DIR = Path(__file__).parent / "validation"
+SOURCES = ("sim", "server", "client")  # the simulator; the engine's server; the benchmark client
+# What makes a cell, as ``splitfuse validate`` writes it; a file has scheduler and mix, and load (open loop, a share
+# of the saturation rate) or clients (closed loop), and may have the others.
+CELL = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed")
+REQUIRED = ("source", "scheduler", "mix")
+LATENCY_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p95",
+                                                                                      "p99"))
+METRICS = (*LATENCY_METRICS, "throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions")
+
+
+def read_validation(paths=None):
+    """Every row of the given CSV files (default: ``calibration/validation/*.csv``) as one DataFrame, with
+    ``grid`` (the file's stem unless the file has the column), ``kind`` ('measured' unless the file says) and
+    ``line`` (the row's line in its file). ValueError naming the file and line of anything malformed."""
+    import pandas as pd
+
+    paths = sorted(VALIDATION_DIR.glob("*.csv")) if paths is None else [Path(p) for p in paths]
+    frames = [_read_one(path) for path in paths]
+    if not frames:
+        return pd.DataFrame(columns=[*REQUIRED, "grid", "kind", "line"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_one(path: Path):
+    import pandas as pd
+
+    df = pd.read_csv(path, skip_blank_lines=False).dropna(how="all")
+    df.insert(0, "line", df.index + 2)  # the header is line 1; blank lines keep their numbers
+    missing = [c for c in REQUIRED if c not in df.columns] + ([] if {"load", "clients"} & set(df.columns)
+                                                              else ["load (or clients)"])
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; a validation file needs "
+                         f"{', '.join(REQUIRED)}, load or clients, and metric columns such as "
+                         f"{', '.join(METRICS[:3])}")
+    metrics = [c for c in METRICS if c in df.columns]
+    if not metrics:
+        raise ValueError(f"{path}: no metric columns; expected some of {', '.join(METRICS)}")
+    for _, row in df.iterrows():
+        if row["source"] not in SOURCES:
+            raise ValueError(f"{path} line {row['line']}: source {row['source']!r} is not one of {', '.join(SOURCES)}")
+    for column in (*metrics, *(c for c in ("load", "clients", "token_budget") if c in df.columns)):
+        values = pd.to_numeric(df[column], errors="coerce")
+        bad = df[values.isna() & df[column].notna() | (values < 0)]
+        if len(bad):
+            row = bad.iloc[0]
+            raise ValueError(f"{path} line {row['line']}: {column} = {row[column]!r} is not a number >= 0")
+        df[column] = values
+    keys = [c for c in CELL if c in df.columns]
+    duplicated = df[df.duplicated(["source", *keys], keep="first")]
+    if len(duplicated):
+        row = duplicated.iloc[0]
+        raise ValueError(f"{path} line {row['line']}: a second {row['source']} row for the cell "
+                         + ", ".join(f"{c}={row[c]}" for c in keys))
+    if "grid" not in df.columns:
+        df["grid"] = path.stem
+    if "kind" not in df.columns:
+        df["kind"] = "measured"
+    return df
+
+
+def compare(results, reference: str = "server"):
+    """One row per (grid, cell, metric) where both the simulator and ``reference`` have a value: the cell's keys,
+    ``cell`` (a short name of it), ``metric``, ``sim``, ``measured`` and ``rel_error`` = (sim - measured) / measured
+    (NaN where measured is 0)."""
+    import numpy as np
+
+    if reference not in SOURCES[1:]:
+        raise ValueError(f"reference must be server or client, got {reference!r}")
+    keys = ["grid", "kind", *(c for c in CELL if c in results.columns)]
+    metrics = [m for m in METRICS if m in results.columns]
+    cell = results[keys].apply(lambda col: col.map(str)).agg(" | ".join, axis=1)  # NaN keys (a closed-loop load) match
+    long = results.assign(_cell=cell).melt(id_vars=[*keys, "source", "_cell"], value_vars=metrics,
+                                           var_name="metric").dropna(subset=["value"])
+    sim = long[long.source == "sim"].drop(columns="source").rename(columns={"value": "sim"})
+    measured = long[long.source == reference][["_cell", "metric", "value"]].rename(columns={"value": "measured"})
+    out = sim.merge(measured, on=["_cell", "metric"]).drop(columns="_cell")
+    m = out["measured"].to_numpy(dtype=float)
+    out["rel_error"] = np.where(m > 0, out["sim"].to_numpy(dtype=float) / np.where(m > 0, m, 1) - 1, np.nan)
+    out.insert(len(keys), "cell", [cell_name(row) for _, row in out.iterrows()])
+    return out
+
+
+def cell_name(row) -> str:
+    """``splitfuse / long / load 0.5`` or ``... / 8 clients``."""
+    import pandas as pd
+
+    load = row.get("load")
+    what = f"load {load:g}" if load is not None and not pd.isna(load) else f"{int(row.get('clients', 0))} clients"
+    return f"{row['scheduler']} / {row['mix']} / {what}"

@@ -1,0 +1,66 @@
+"""A profile's figures: offline HTML, readable log ticks, decodes by context, predicted against measured, and a
+whole message when PNG export cannot run."""
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from calibration.plots import figures, log_ticks, write_plots
+from calibration.profile import load_profile
+
+
+@pytest.fixture(scope="module")
+def figs():
+    return figures(load_profile("llama-2-7b"))
+
+
+def test_log_axes_label_their_ticks_plainly(figs):
+    """Before: log axes showed plotly's bare minor labels."""
+    assert log_ticks(3, 9000) == ([2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
+                                  ["2", "5", "10", "20", "50", "100", "200", "500", "1k", "2k", "5k", "10k"])
+    log_axes = [axis for fig in figs.values() for name, axis in fig.layout.to_plotly_json().items()
+                if re.fullmatch(r"[xy]axis\d*", name) and axis.get("type") == "log"]
+    assert len(log_axes) >= 5
+    assert all(axis.get("tickvals") and len(axis["ticktext"]) == len(axis["tickvals"]) for axis in log_axes)
+
+
+def test_decode_points_and_model_curves_are_split_by_context(figs):
+    """Before: decodes at every context were one colour and only the 1k-context curve was drawn."""
+    names = [t.name for t in figs["latency"].data]
+    curves = [n for n in names if n.startswith("model: decodes at")]
+    groups = {re.search(r"~([\d,]+) context", n).group(1) for n in names if n.startswith("decode at ~")}
+    assert len(curves) >= 3 and {"128", "1,024", "4,096"} <= groups
+    colors = {t.marker.color for t in figs["latency"].data if t.name.startswith("decode at ~")}
+    assert len(colors) == len(groups)
+    assert any(t.name.startswith("model: batch") for t in figs["context"].data)
+
+
+def test_predicted_against_measured(figs):
+    """Before: no plot of the model's predictions against the measurements."""
+    data = {t.name: t for t in figs["accuracy"].data if t.xaxis in (None, "x")}  # the left panel
+    profile = load_profile("llama-2-7b")
+    measured = np.array([p["wall_s"] for p in profile.points if p["split"] == "heldout"]) * 1e3
+    assert np.allclose(np.sort(data["heldout points"].x), np.sort(measured))
+    assert "predicted = measured" in data and "+8%" in data
+    errors = [t for t in figs["accuracy"].data if t.xaxis == "x2"]
+    assert sum(len(t.y) for t in errors) == len(profile.points)
+
+
+def test_the_html_embeds_plotly_and_holds_every_figure(tmp_path):
+    written = write_plots(load_profile("llama-2-7b"), tmp_path, png=False)
+    (html,) = written
+    text = html.read_text()
+    assert "cdn.plot.ly" not in text.split("<body>")[0] and "plotly.js v" in text  # plotly.js itself is inside
+    assert text.count("Plotly.newPlot(") == 4
+
+
+def test_a_failed_png_export_says_why_whole_and_what_to_do(tmp_path, monkeypatch, capsys):
+    """Before: a missing kaleido printed only the first line of plotly's message, cut off mid-sentence."""
+    monkeypatch.setitem(sys.modules, "kaleido", None)
+    written = write_plots(load_profile("llama-2-7b"), tmp_path)
+    err = capsys.readouterr().err
+    assert [p.suffix for p in written] == [".html"]
+    assert "pip install --upgrade \"kaleido>=1\"" in err and "apt-get install chromium" in err
+    assert err.count("no PNG written") == 1

@@ -1,0 +1,63 @@
+"""The validation CSV format: read and checked (errors name the file line), compared per cell and metric, and the
+shipped example is what its generator writes."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.validation_results import compare, read_validation
+
+HEADER = "source,scheduler,mix,load,ttft_p50,throughput_rps\n"
+
+
+def write(tmp_path, text, name="grid-a.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_closed_loop_cells_without_a_load_are_matched_by_their_clients(tmp_path):
+    """As ``splitfuse validate`` writes them: a closed-loop cell has clients and an empty load."""
+    text = ("scheduler,token_budget,mix,arrivals,load,clients,source,ttft_p50\n"
+            "splitfuse,768,long,closed,,4,sim,0.3\nsplitfuse,768,long,closed,,4,server,0.2\n"
+            "splitfuse,768,long,closed,,8,server,0.5\nsplitfuse,768,long,poisson,0.5,0,sim,0.1\n")
+    errors = compare(read_validation([write(tmp_path, text)]))
+    assert list(errors["cell"]) == ["splitfuse / long / 4 clients"]
+    assert errors["rel_error"].iloc[0] == pytest.approx(0.5)
+
+
+def test_compare_gives_the_simulators_relative_error_per_cell_and_metric(tmp_path):
+    path = write(tmp_path, HEADER + "sim,splitfuse,chat,0.5,0.11,4\nserver,splitfuse,chat,0.5,0.10,5\n"
+                 "client,splitfuse,chat,0.5,0.12,5\nsim,splitfuse,chat,0.8,0.2,6\n")
+    df = read_validation([path])
+    assert set(df["grid"]) == {"grid-a"} and set(df["kind"]) == {"measured"}
+    server = compare(df).set_index("metric")
+    assert len(server) == 2  # the 0.8 cell has no server row
+    assert server.loc["ttft_p50", "rel_error"] == pytest.approx(0.1)
+    assert server.loc["throughput_rps", "rel_error"] == pytest.approx(-0.2)
+    assert compare(df, "client").set_index("metric").loc["ttft_p50", "rel_error"] == pytest.approx(0.11 / 0.12 - 1)
+
+
+@pytest.mark.parametrize("text, message", [
+    (HEADER + "sim,splitfuse,chat,0.5,0.1,4\n\nengine,splitfuse,chat,0.5,0.1,4\n", "line 4: source 'engine'"),
+    (HEADER + "sim,splitfuse,chat,0.5,fast,4\n", "line 2: ttft_p50 = 'fast'"),
+    (HEADER + "sim,splitfuse,chat,0.5,0.1,4\nsim,splitfuse,chat,0.5,0.2,4\n", "line 3: a second sim row"),
+    ("source,scheduler,load,ttft_p50\nsim,splitfuse,0.5,0.1\n", "missing column.*mix"),
+    ("source,scheduler,mix,load,latency\nsim,splitfuse,chat,0.5,0.1\n", "no metric columns"),
+])
+def test_malformed_files_are_named_with_their_line(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message):
+        read_validation([write(tmp_path, text)])
+
+
+def test_the_shipped_example_is_labelled_and_reproducible(tmp_path):
+    from sim import validation_example
+
+    shipped = read_validation([validation_example.OUT])
+    assert set(shipped["kind"]) == {"example"}
+    assert shipped["note"].str.contains("kind=example, not a GPU measurement").all()
+    assert set(shipped["source"]) == {"sim", "server", "client"}
+    again = pd.read_csv(validation_example.write(tmp_path / "again.csv"))
+    pd.testing.assert_frame_equal(again, pd.read_csv(validation_example.OUT))
+    errors = compare(shipped)["rel_error"].dropna()
+    assert len(errors) > 100 and np.isfinite(errors).all()
