@@ -62,7 +62,8 @@ RATES = ("throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "pree
 @dataclass(frozen=True)
 class Cell:
     """One measured workload: prompt and output lengths of the ``mix`` (length specs, ``sim.workload``); ``load``
-    is a share of the measured saturation rate (open loop, Poisson), or ``clients`` closed-loop clients."""
+    is a share of the measured saturation rate (open loop, Poisson), or ``clients`` closed-loop clients.
+    ``replicas`` engines (one GPU each) behind the router's ``balancer`` serve it; one is served directly."""
 
     scheduler: str
     token_budget: int
@@ -73,6 +74,8 @@ class Cell:
     load: float | None = None
     clients: int = 0
     seed: int = 0
+    replicas: int = 1
+    balancer: str = PolicyConfig().balancer
 
     @property
     def arrivals(self) -> str:
@@ -86,7 +89,18 @@ class Cell:
     def keys(self) -> dict:
         return {"scheduler": self.scheduler, "token_budget": self.token_budget, "mix": self.mix,
                 "arrivals": self.arrivals, "load": self.load, "clients": self.clients,
-                "num_requests": self.num_requests, "seed": self.seed}
+                "num_requests": self.num_requests, "seed": self.seed, "replicas": self.replicas,
+                "balancer": self.balancer}
+
+    @property
+    def policy(self) -> PolicyConfig:
+        return PolicyConfig(scheduler=self.scheduler, token_budget=self.token_budget, balancer=self.balancer)
+
+    @property
+    def server(self) -> str:
+        """The name of the server (one engine, or a fleet of them) that runs the cell."""
+        name = f"{self.scheduler}-{self.token_budget}"
+        return name if self.replicas == 1 else f"{name}-x{self.replicas}"
 
 
 class ServedCost:
@@ -110,30 +124,37 @@ def free_port() -> int:
 class Server:
     """``splitfuse serve`` in a child process with a pass trace, for the lifetime of a ``with`` block."""
 
-    def __init__(self, model: str, policy: PolicyConfig, engine_options: dict, trace: Path, log: Path,
-                 start_timeout: float = 1200.0) -> None:
-        self.model, self.policy, self.engine_options = model, policy, engine_options
-        self.trace, self.log, self.start_timeout = trace, log, start_timeout
+    def __init__(self, model: str, policy: PolicyConfig, engine_options: dict, trace: Path | None, log: Path,
+                 env: dict | None = None, replica_urls: tuple[str, ...] = (), start_timeout: float = 1200.0) -> None:
+        self.model, self.policy, self.engine_options, self.env = model, policy, engine_options, env
+        self.trace, self.log, self.start_timeout, self.replica_urls = trace, log, start_timeout, replica_urls
         self.url = f"http://127.0.0.1:{free_port()}"
         self.process: subprocess.Popen | None = None
         self.info: dict = {}
 
-    def __enter__(self) -> Server:
+    def start(self) -> Server:
         from engine.config import EngineConfig
 
         flags = config_flags(PolicyConfig, vars(self.policy)) + config_flags(EngineConfig, self.engine_options)
         command = [sys.executable, "-m", "engine.server.cli", self.model, "--port", self.url.rsplit(":", 1)[1],
-                   "--pass-trace", str(self.trace), "--max-waiting", "100000", *flags]
+                   "--max-waiting", "100000", *flags]
+        command += ["--pass-trace", str(self.trace)] if self.trace else []
+        command += [arg for url in self.replica_urls for arg in ("--replica-url", url)]
         self._log = open(self.log, "w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def __enter__(self) -> Server:
+        self.start()
         try:
-            self._wait_ready()
+            self.wait_ready()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         import httpx
 
         deadline = time.monotonic() + self.start_timeout
@@ -142,11 +163,14 @@ class Server:
                 raise RuntimeError(f"the server exited with code {self.process.returncode} while starting; see "
                                    f"{self.log}:\n{self.log.read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                health = httpx.get(self.url + "/health", timeout=2)
+                if health.status_code == 200 and all(r["healthy"] for r in health.json().get("replicas", [])):
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server was not ready after {self.start_timeout:.0f} s; see {self.log}")
             time.sleep(0.5)
+        if self.replica_urls:  # a router: the model and its engines are the replicas'
+            return
         model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]
         self.info = {"model_id": model["id"], "max_model_len": model["max_model_len"],
                      "vocab_size": model["vocab_size"], **self.stats()}
@@ -167,7 +191,9 @@ class Server:
             time.sleep(0.2)
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)  # a graceful stop: the engine writes its trace
             try:
                 self.process.wait(timeout=120)
@@ -177,15 +203,35 @@ class Server:
         self._log.close()
 
 
-def read_trace(path: Path) -> tuple[list[dict], dict[str, dict]]:
-    """(passes in order, finished requests by id) of a ``PassTrace`` file."""
+class Fleet:
+    """Replica servers (one GPU each) behind a router: where a fleet's cells are sent."""
+
+    def __init__(self, servers: list[Server], router: Server) -> None:
+        self.servers, self.url, self.info = servers, router.url, servers[0].info
+
+    def wait_idle(self, timeout: float = 600.0) -> None:
+        for server in self.servers:
+            server.wait_idle(timeout)
+
+
+def trace_files(out: Path, server: str, replicas: int) -> list[Path]:
+    """The pass trace of each engine of ``server`` (one per replica)."""
+    if replicas == 1:
+        return [out / f"trace-{server}.jsonl"]
+    return [out / f"trace-{server}-r{i}.jsonl" for i in range(replicas)]
+
+
+def read_traces(paths: list[Path]) -> tuple[list[list[dict]], dict[str, dict]]:
+    """([passes in order] per engine, finished requests of all engines by id) of ``PassTrace`` files."""
     passes, requests = [], {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row.pop("kind") == "pass":
-            passes.append(row)
-        else:
-            requests[row["id"]] = row
+    for path in paths:
+        passes.append([])
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.pop("kind") == "pass":
+                passes[-1].append(row)
+            else:
+                requests[row["id"]] = row
     return passes, requests
 
 
@@ -201,7 +247,7 @@ class Measured:
     window: tuple[float, float]  # first send, last token (clock values)
 
 
-def send_cell(server: Server, cell: Cell, rate: float | None, processes: int, timeout: float) -> Measured:
+def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes: int, timeout: float) -> Measured:
     workload = cell.workload(rate)
     table = workload.generate(cell.seed)
     # Token ids of the cell's own (the lengths are the seed's): a prompt sent again in a later cell would hit the
@@ -218,7 +264,7 @@ def send_cell(server: Server, cell: Cell, rate: float | None, processes: int, ti
     return Measured(cell, rate, records, t0, (t0 + min(r.arrival for r in records), end))
 
 
-def saturation_rate(server: Server, cell: Cell, overload_rate: float, processes: int,
+def saturation_rate(server: Server | Fleet, cell: Cell, overload_rate: float, processes: int,
                     timeout: float) -> tuple[float, Measured]:
     """Requests/s the engine sustains on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it), its
     throughput while the queue was full (between the 10th and 90th percentile of finish times); and that run."""
@@ -244,32 +290,33 @@ def views(measured: Measured, trace_requests: dict[str, dict]) -> dict[str, obje
             "client": to_result(measured.records, measured.cell.seed)}
 
 
-def cell_passes(measured: Measured, passes: list[dict], cost: CostModel) -> list[dict]:
-    """The traced passes inside the cell's window, each with the profile's prediction (``predicted_s``).
-    ``pass_s`` spans what a profile's sweep times (schedule, run, sample, update); ``loop_s`` runs until the next
-    step began, the serving loop's own work (outputs, sending, commands) included, and ``serving_s`` is that work
-    alone: both only where the next step began at once (else NaN: the engine went idle)."""
+def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -> list[dict]:
+    """The traced passes of each engine (``replica``) inside the cell's window, each with the profile's prediction
+    (``predicted_s``). ``pass_s`` spans what a profile's sweep times (schedule, run, sample, update); ``loop_s``
+    runs until the next step began, the serving loop's own work (outputs, sending, commands) included, and
+    ``serving_s`` is that work alone: both only where the next step began at once (else NaN: the engine went
+    idle)."""
     lo, hi = measured.window
     rows = []
-    for i, p in enumerate(passes):
-        if not lo <= p["start"] <= hi:
-            continue
-        following = passes[i + 1]["start"] if i + 1 < len(passes) else None
-        busy = following is not None and following - p["sent"] < 1e-3
-        rows.append({**measured.cell.keys(), "path": p["path"], "ahead": p["ahead"],
-                     "num_outputs": p["num_outputs"], **{f: p[f] for f in PassFeatures._fields},
-                     "pass_s": p["updated"] - p["start"],
-                     "loop_s": following - p["start"] if busy else float("nan"),
-                     "serving_s": following - p["updated"] if busy else float("nan"),
-                     "predicted_s": cost.predict(PassFeatures.from_mapping(p))})
+    for replica, engine_passes in enumerate(passes):
+        for i, p in enumerate(engine_passes):
+            if not lo <= p["start"] <= hi:
+                continue
+            following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
+            busy = following is not None and following - p["sent"] < 1e-3
+            rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
+                         "num_outputs": p["num_outputs"], **{f: p[f] for f in PassFeatures._fields},
+                         "pass_s": p["updated"] - p["start"],
+                         "loop_s": following - p["start"] if busy else float("nan"),
+                         "serving_s": following - p["updated"] if busy else float("nan"),
+                         "predicted_s": cost.predict(PassFeatures.from_mapping(p))})
     return rows
 
 
 def simulated(cell: Cell, rate: float | None, cost: ServedCost) -> tuple[dict, list[int]]:
     """The simulator's summary of the cell's workload, and its tokens per pass."""
-    policy = PolicyConfig(scheduler=cell.scheduler, token_budget=cell.token_budget)
     tokens: list[int] = []
-    result = simulate(cell.workload(rate), ClusterConfig(cost, 1, policy), seed=cell.seed,
+    result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy), seed=cell.seed,
                       on_pass=lambda replica, plan, start, end: tokens.append(plan.num_tokens))
     return summarize(result, SLA()), tokens
 
@@ -284,21 +331,25 @@ def metric_columns(summary: dict) -> dict:
 
 def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, estimate: CostModel,
             warmup_requests: int = 64, client_processes: int = 4, timeout: float = 600.0, overload: float = 3.0,
-            cell_seconds: float | None = None, time_budget: float | None = None, progress=print) -> None:
+            cell_seconds: float | None = None, time_budget: float | None = None,
+            saturation: dict[str, dict[str, float]] | None = None, progress=print) -> None:
     """Run every cell on the real server; write what the client saw (``measured.jsonl``), the pass traces and
     ``meta.json`` into ``out`` for ``compare``. ``estimate`` (a cost model of the card) sets each overload run's
     rate; ``cell_seconds`` caps an open-loop cell's requests at rate x that many seconds (at least 50); cells not
     begun within ``time_budget`` seconds are skipped (and said so), so that the servers still stop in order and
-    write their traces."""
+    write their traces. A fleet's loads are shares of ``replicas`` times one engine's saturation rate, measured
+    in this run or given in ``saturation`` ({server name: {mix: requests/s}}, as ``meta.json`` keeps it), else
+    measured on the fleet."""
+    from engine.server.router import replica_slots
     from sim.saturation import estimate_capacity
 
     deadline = time.monotonic() + time_budget if time_budget else float("inf")
 
     out.mkdir(parents=True, exist_ok=True)
-    saturation: dict[str, dict[str, float]] = {}
-    groups: dict[tuple[str, int], list[Cell]] = {}
+    saturation = {name: dict(rates) for name, rates in (saturation or {}).items()}
+    groups: dict[str, list[Cell]] = {}
     for cell in cells:
-        groups.setdefault((cell.scheduler, cell.token_budget), []).append(cell)
+        groups.setdefault(cell.server, []).append(cell)
     with open(out / "measured.jsonl", "w") as f:
         def keep(role: str, server_name: str, m: Measured, info: dict) -> None:
             f.write(json.dumps({"role": role, "server": server_name, "cell": asdict(m.cell), "rate": m.rate,
@@ -306,39 +357,68 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                                 "records": [asdict(r) for r in m.records]}) + "\n")
             f.flush()
 
-        for (scheduler, budget), group in groups.items():
-            policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
-            name = f"{scheduler}-{budget}"
-            with Server(model, policy, engine_options, out / f"trace-{name}.jsonl",
-                        out / f"server-{name}.log") as server:
-                info = server.info
-                progress(f"server {name} ready: {info['kv_total_blocks']} KV blocks, context "
+        def rate_of(target, name: str, cell: Cell, served: ServedCost) -> float:
+            one = f"{cell.scheduler}-{cell.token_budget}"
+            if cell.mix not in saturation.get(name, {}):
+                if cell.replicas > 1 and cell.mix in saturation.get(one, {}):
+                    saturation.setdefault(name, {})[cell.mix] = cell.replicas * saturation[one][cell.mix]
+                else:
+                    guess = estimate_capacity(ClusterConfig(served, cell.replicas, cell.policy), cell.workload(1.0))
+                    rate, run = saturation_rate(target, cell, overload * guess, client_processes, timeout)
+                    saturation.setdefault(name, {})[cell.mix] = rate
+                    keep("calibration", name, run, target.info)
+                    progress(f"{name} {cell.mix}: measured saturation {rate:.3g} req/s (the simulator's estimate "
+                             f"{guess:.3g})")
+            return cell.load * saturation[name][cell.mix]
+
+        def run_cells(target, name: str, group: list[Cell]) -> None:
+            served = ServedCost(estimate, target.info["kv_total_blocks"], target.info["max_model_len"])
+            for cell in group:
+                if time.monotonic() > deadline:
+                    progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: skipped (time budget)")
+                    continue
+                rate = None
+                if cell.load is not None:
+                    rate = rate_of(target, name, cell, served)
+                    if cell_seconds:
+                        cell = dataclasses.replace(cell, num_requests=min(
+                            cell.num_requests, max(50, int(rate * cell_seconds))))
+                progress(f"{name} {cell.balancer if cell.replicas > 1 else ''} {cell.mix} load {cell.load} "
+                         f"clients {cell.clients}: {cell.num_requests} requests")
+                keep("cell", name, send_cell(target, cell, rate, client_processes, timeout), target.info)
+
+        for name, group in groups.items():
+            first = group[0]
+            replicas = first.replicas
+            slots = replica_slots(engine_options.get("device") or "cuda", replicas) if replicas > 1 \
+                else [None]
+            with contextlib.ExitStack() as stack:
+                servers = [Server(model, first.policy, engine_options, trace, out / f"server-{name}-r{i}.log"
+                                  if replicas > 1 else out / f"server-{name}.log", env=slots[i])
+                           for i, trace in enumerate(trace_files(out, name, replicas))]
+                for server in servers:  # the engines load side by side
+                    server.start()
+                    stack.callback(server.__exit__, None, None, None)
+                for server in servers:
+                    server.wait_ready()
+                info = servers[0].info
+                progress(f"server {name} ready: {replicas} x {info['kv_total_blocks']} KV blocks, context "
                          f"{info['max_model_len']}")
-                served = ServedCost(estimate, info["kv_total_blocks"], info["max_model_len"])
                 if warmup_requests:
-                    warm = dataclasses.replace(group[0], num_requests=warmup_requests, load=None,
+                    warm = dataclasses.replace(first, num_requests=warmup_requests, load=None,
                                                clients=min(16, warmup_requests), seed=10_007)
-                    keep("calibration", name, send_cell(server, warm, None, client_processes, timeout), info)
+                    for server in servers:
+                        keep("calibration", name, send_cell(server, warm, None, client_processes, timeout), info)
+                if replicas == 1:
+                    run_cells(servers[0], name, group)
+                    continue
+                by_balancer: dict[str, list[Cell]] = {}
                 for cell in group:
-                    if time.monotonic() > deadline:
-                        progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: skipped (time budget)")
-                        continue
-                    rate = None
-                    if cell.load is not None:
-                        if cell.mix not in saturation.setdefault(name, {}):
-                            guess = estimate_capacity(ClusterConfig(served, 1, policy), cell.workload(1.0))
-                            saturation[name][cell.mix], run = saturation_rate(server, cell, overload * guess,
-                                                                              client_processes, timeout)
-                            keep("calibration", name, run, info)
-                            progress(f"{name} {cell.mix}: measured saturation {saturation[name][cell.mix]:.3g} "
-                                     f"req/s (the simulator's estimate {guess:.3g})")
-                        rate = cell.load * saturation[name][cell.mix]
-                        if cell_seconds:
-                            cell = dataclasses.replace(cell, num_requests=min(
-                                cell.num_requests, max(50, int(rate * cell_seconds))))
-                    progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: {cell.num_requests} "
-                             "requests")
-                    keep("cell", name, send_cell(server, cell, rate, client_processes, timeout), info)
+                    by_balancer.setdefault(cell.balancer, []).append(cell)
+                for balancer, cells_of in by_balancer.items():
+                    with Server(model, cells_of[0].policy, engine_options, None, out / f"router-{name}-{balancer}.log",
+                                replica_urls=tuple(s.url for s in servers)) as router:
+                        run_cells(Fleet(servers, router), name, cells_of)
     meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
             "client_processes": client_processes, "warmup_requests": warmup_requests,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -359,7 +439,7 @@ def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple
                      tuple(row["window"]))
         runs.append((row["server"], m, row["info"]))
         if row["server"] not in traces:
-            traces[row["server"]] = read_trace(directory / f"trace-{row['server']}.jsonl")
+            traces[row["server"]] = read_traces(trace_files(directory, row["server"], m.cell.replicas))
     return meta, runs, traces
 
 
@@ -425,7 +505,8 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
     return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery}
 
 
-CELL_KEYS = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed")
+CELL_KEYS = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed", "replicas",
+             "balancer")
 
 
 def relative_errors(frame):
@@ -482,13 +563,24 @@ def parse_mix(spec: str) -> tuple[str, str, str]:
     return name, prompt, output
 
 
-def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int) -> list[Cell]:
+def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, replicas: int = 1,
+               balancers: tuple[str, ...] = ()) -> list[Cell]:
+    """Every scheduler x mix x (load or client count); a fleet's cells once per balancer."""
+    from engine.policy import make_balancer
+
     if not loads and not clients:
         raise ValueError("give --loads (open loop, shares of the measured saturation rate) or --clients (closed)")
+    if replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {replicas}")
+    for balancer in balancers:
+        make_balancer(balancer)
+    balancers = (balancers or (PolicyConfig().balancer,)) if replicas > 1 else (PolicyConfig().balancer,)
     mixes = [parse_mix(m) for m in mixes]
-    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed) for s, b in schedulers for m in mixes for x in loads]
-    cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed) for s, b in schedulers for m in mixes
-              for c in clients]
+    fleet = [{"replicas": replicas, "balancer": b} for b in balancers]
+    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed, **f) for s, b in schedulers for f in fleet
+             for m in mixes for x in loads]
+    cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed, **f) for s, b in schedulers for f in fleet
+              for m in mixes for c in clients]
     return cells
 
 
@@ -508,6 +600,14 @@ def _command():
                        "(e.g. tiny=uniform:8:32/fixed:6); repeat for several.")
     @click.option("--loads", default=None, help="Open-loop loads, shares of the measured saturation rate: 0.25,0.5")
     @click.option("--clients", default=None, help="Closed-loop client counts: 1,2,4,8")
+    @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Engines, one GPU each, behind `splitfuse serve`'s router (and as many simulated).")
+    @click.option("--balancer", "balancers", multiple=True,
+                  help="The router's balancer with --replicas > 1; repeat for several (one fleet, a router each; "
+                       f"default {PolicyConfig().balancer}).")
+    @click.option("--saturation-from", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+                  help="Take the measured saturation rates of an earlier run (its --out) instead of measuring them; "
+                       "a fleet's loads are shares of --replicas times one engine's rate.")
     @click.option("--num-requests", "-n", type=click.IntRange(min=1), default=300, show_default=True)
     @click.option("--cell-seconds", type=click.FloatRange(min=1), default=None,
                   help="Cap an open-loop cell at rate x this many seconds of requests (at least 50).")
@@ -524,8 +624,9 @@ def _command():
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
     @config_options(EngineConfig)
-    def validate(model, profile, schedulers, mixes, loads, clients, num_requests, cell_seconds, workload_seed,
-                 warmup, client_processes, time_budget, out, measured, fit_serving, **engine_options):
+    def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
+                 num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
+                 fit_serving, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -537,14 +638,17 @@ def _command():
                 if not model:
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
                 cells = make_cells(_schedulers(schedulers), mixes, _numbers(loads, "--loads"),
-                                   _numbers(clients, "--clients", int), num_requests, workload_seed)
+                                   _numbers(clients, "--clients", int), num_requests, workload_seed, replicas,
+                                   balancers)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         if fit_serving and not isinstance(cost, Profile):
             raise click.UsageError("--fit-serving needs a measured profile (--profile NAME|FILE)")
         if measured is None:
+            saturation = json.loads((saturation_from / "meta.json").read_text())["saturation_rps"] \
+                if saturation_from else None
             measure(model, cells, out, pick(EngineConfig, engine_options), cost, warmup, client_processes,
-                    cell_seconds=cell_seconds, time_budget=time_budget, progress=click.echo)
+                    cell_seconds=cell_seconds, time_budget=time_budget, saturation=saturation, progress=click.echo)
             measured = out
         if fit_serving:
             bare = cost.with_serving(None)

@@ -126,3 +126,31 @@ def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_p
     assert ((sim_bare.tpot_mean.to_numpy() < sim_served.tpot_mean.to_numpy()) == slower).all()
     result = CliRunner().invoke(validate, ["--profile", str(cpu_profile), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--from" in result.output
+
+
+def test_a_fleet_runs_behind_the_router_once_per_balancer(cpu_profile, run, tmp_path):
+    """Two engines (CPU slots) behind ``splitfuse serve --replica-url``, one router per balancer, on one engine's
+    saturation rate from the earlier run (``--saturation-from``) times two; every engine's passes traced."""
+    earlier, _ = run
+    args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256", "--mix", MIX,
+            "--loads", "0.5", "-n", "12", "--warmup", "4", "--client-processes", "2", "--replicas", "2",
+            "--balancer", "round-robin", "--balancer", "least-kv", "--saturation-from", str(earlier),
+            "--out", str(tmp_path)]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 0, result.output
+    assert "measured saturation" not in result.output  # taken from the earlier run
+    one = json.loads((earlier / "meta.json").read_text())["saturation_rps"]["splitfuse-768"]["tiny"]
+    assert json.loads((tmp_path / "meta.json").read_text())["saturation_rps"]["splitfuse-768-x2"]["tiny"] == \
+        pytest.approx(2 * one)
+    frame = pd.read_csv(tmp_path / "validation.csv")
+    assert len(frame) == 2 * 3 and set(frame.balancer) == {"round-robin", "least-kv"}
+    assert (frame.replicas == 2).all() and (frame.requests == 12).all()
+    assert frame.rate.dropna().to_numpy() == pytest.approx(0.5 * 2 * one)
+    passes = pd.read_csv(tmp_path / "passes.csv")
+    assert set(passes.replica) == {0, 1}  # round-robin alone gives each engine work
+    assert (tmp_path / "trace-splitfuse-768-x2-r1.jsonl").exists()
+
+
+def test_a_fleet_needs_known_balancers():
+    with pytest.raises(ValueError, match="unknown balancer"):
+        make_cells([("splitfuse", 768)], ["long"], [0.5], [], 10, 0, replicas=2, balancers=("fastest",))

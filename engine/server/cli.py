@@ -1,5 +1,6 @@
 """``splitfuse serve MODEL``: one engine behind the OpenAI-compatible server, or ``--replicas N`` engine
-processes behind a router. Engine and policy options come from ``EngineConfig`` and ``PolicyConfig``."""
+processes behind a router (or a router over running servers: ``--replica-url``). Engine and policy options come
+from ``EngineConfig`` and ``PolicyConfig``."""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ def engine_options(options: dict) -> dict:
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--engine-process/--no-engine-process", default=True, show_default=True,
               help="Run the engine in its own process (HTTP streaming never holds its GIL), else in a thread.")
+@click.option("--replica-url", "replica_urls", multiple=True,
+              help="Route to this running server instead of starting replicas (repeat for each; --balancer picks).")
 @click.option("--pass-trace", type=click.Path(dir_okay=False), default=None,
               help="Write the engine's pass-level trace (JSON lines) to this file when the server stops.")
 @config_options(PolicyConfig)
 @config_options(EngineConfig)
 def serve(model, host, port, served_model_name, max_waiting, replicas, health_interval, threads, log_level,
-          engine_process, pass_trace, **options):
+          engine_process, replica_urls, pass_trace, **options):
     """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API."""
     name = served_model_name or model
     if replicas < 1:
@@ -44,13 +47,15 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, health_in
         scheduler_class(config.policy.scheduler), make_balancer(config.policy.balancer)  # fail fast on a bad name
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if pass_trace and (replicas > 1 or not engine_process):
+    if pass_trace and (replicas > 1 or replica_urls or not engine_process):
         raise click.UsageError("--pass-trace needs one replica with --engine-process")
-    if replicas > 1:
+    if replica_urls and replicas > 1:
+        raise click.UsageError("give --replicas (replicas started here) or --replica-url (running ones), not both")
+    if replicas > 1 or replica_urls:
         from engine.server.router import run_router
 
         run_router(config, name, host, port, replicas, health_interval, threads, log_level, max_waiting,
-                   engine_process=engine_process)
+                   engine_process=engine_process, replica_urls=replica_urls)
         return
     import uvicorn
 

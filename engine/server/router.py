@@ -300,7 +300,7 @@ def wait_healthy(replicas: list[Replica], timeout: float) -> None:
     pending = list(replicas)
     while pending:
         for r in list(pending):
-            if r.process.poll() is not None:
+            if r.process is not None and r.process.poll() is not None:
                 raise RuntimeError(f"replica {r.index} exited with code {r.process.returncode} while starting")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(r.url + "/health", timeout=1.0).status_code == 200:
@@ -311,6 +311,8 @@ def wait_healthy(replicas: list[Replica], timeout: float) -> None:
 
 
 def stop_replicas(replicas: list[Replica]) -> None:
+    """Stop the replica processes started here (a replica given by URL has none)."""
+    replicas = [r for r in replicas if r.process is not None]
     for r in replicas:
         if r.process.poll() is None:
             r.process.terminate()
@@ -324,14 +326,18 @@ def stop_replicas(replicas: list[Replica]) -> None:
 
 def run_router(config: EngineConfig, name: str, host: str, port: int, replicas: int, health_interval: float,
                threads: int | None, log_level: str, max_waiting: int, startup_timeout: float = 600,
-               engine_process: bool = True) -> None:
+               engine_process: bool = True, replica_urls: tuple[str, ...] = ()) -> None:
     """Start the replica processes, serve the router (balancing with ``config.policy.balancer``) until
-    interrupted, then stop the replicas."""
+    interrupted, then stop the replicas. With ``replica_urls``, route to those running servers instead (they are
+    neither started nor stopped here)."""
     import uvicorn
 
     # uvicorn re-raises SIGTERM after its shutdown; exiting by SystemExit lets ``finally`` stop the replicas
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    procs = start_replicas(config, name, replicas, threads, log_level, max_waiting, engine_process)
+    if replica_urls:
+        procs = [Replica(i, url.rstrip("/")) for i, url in enumerate(replica_urls)]
+    else:
+        procs = start_replicas(config, name, replicas, threads, log_level, max_waiting, engine_process)
     try:
         wait_healthy(procs, startup_timeout)
         router = Router(procs, config.policy.balancer, seed=config.seed, health_interval=health_interval)
