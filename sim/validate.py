@@ -264,20 +264,44 @@ def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes:
     return Measured(cell, rate, records, t0, (t0 + min(r.arrival for r in records), end))
 
 
+def engine_concurrency(cell: Cell, info: dict) -> int:
+    """How many of ``cell``'s requests its engines hold at once: the batch bound, or fewer when the KV cache the
+    server reported fills first (requests of the mix's mean length)."""
+    policy = cell.policy
+    prompt, output = cell.workload(1.0).mean_lengths()
+    by_kv = info["kv_total_blocks"] * policy.block_size / (prompt + output)
+    return cell.replicas * max(1, int(min(policy.max_num_seqs, by_kv)))
+
+
+def steady_throughput(finish_times, concurrency: int) -> float:
+    """Requests/s of an overload run while the engines were full: completions between the ``concurrency``-th finish
+    and the ``concurrency``-th from last. Before that window the first batch is still running, after it the queue
+    has drained; a scheduler that runs batches in lockstep (prefill-first) finishes a whole batch at once, which a
+    window narrower than a batch would turn into a burst rate."""
+    finish = np.sort(np.asarray(finish_times, dtype=float))
+    if len(finish) < 3 * concurrency:
+        raise ValueError(f"{len(finish)} requests cannot show a steady rate at {concurrency} at once (need "
+                         f"{3 * concurrency})")
+    lo, hi = finish[concurrency], finish[len(finish) - concurrency]
+    return float((len(finish) - 2 * concurrency) / (hi - lo))
+
+
 def saturation_rate(server: Server | Fleet, cell: Cell, overload_rate: float, processes: int,
                     timeout: float) -> tuple[float, Measured]:
-    """Requests/s the engine sustains on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it), its
-    throughput while the queue was full (between the 10th and 90th percentile of finish times); and that run."""
-    overload = dataclasses.replace(cell, load=None, clients=0, seed=cell.seed + 7919)
+    """Requests/s the engines sustain on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it) of
+    three times as many requests as the engines hold at once, its ``steady_throughput``; and that run."""
+    concurrency = engine_concurrency(cell, server.info)
+    overload = dataclasses.replace(cell, load=None, clients=0, seed=cell.seed + 7919,
+                                   num_requests=max(cell.num_requests, 3 * concurrency))
     measured = send_cell(server, overload, overload_rate, processes, timeout)
-    finish = np.sort([r.chunk_times[-1] for r in measured.records])
-    lo, hi = np.quantile(finish, [0.1, 0.9])
-    done = np.count_nonzero((finish >= lo) & (finish <= hi))
-    return float(done / (hi - lo)), measured
+    return steady_throughput([r.chunk_times[-1] for r in measured.records], concurrency), measured
 
 
-def views(measured: Measured, trace_requests: dict[str, dict]) -> dict[str, object]:
-    """The server's and the client's view of a measured cell as ``MeasuredRun``s (times from the workload's 0)."""
+def views(measured: Measured, trace_requests: dict[str, dict] | None) -> dict[str, object]:
+    """The server's and the client's view of a measured cell as ``MeasuredRun``s (times from the workload's 0);
+    the client's alone without a trace."""
+    if trace_requests is None:
+        return {"client": to_result(measured.records, measured.cell.seed)}
     server_records = []
     for r in measured.records:
         row = trace_requests.get(r.response_id)
@@ -428,8 +452,10 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
 
 def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple[str, Measured, dict]], dict]:
     """(meta, [(server name, measured run, server info)] of the runs of ``role`` ("cell": the compared cells;
-    "calibration": the warm-up and overload runs), {server name: (trace passes, trace requests)})."""
-    meta = json.loads((directory / "meta.json").read_text())
+    "calibration": the warm-up and overload runs), {server name: (trace passes, trace requests), or None where the
+    run was cut short before its servers wrote their traces: the client's view is all there is})."""
+    meta_file = directory / "meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {"note": "cut short: no meta.json"}
     runs, traces = [], {}
     for line in (directory / "measured.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -439,7 +465,8 @@ def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple
                      tuple(row["window"]))
         runs.append((row["server"], m, row["info"]))
         if row["server"] not in traces:
-            traces[row["server"]] = read_traces(trace_files(directory, row["server"], m.cell.replicas))
+            paths = trace_files(directory, row["server"], m.cell.replicas)
+            traces[row["server"]] = read_traces(paths) if all(p.exists() for p in paths) else None
     return meta, runs, traces
 
 
@@ -448,14 +475,19 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
     the pass that made the first and the last token to the client's receipt). ``cost``: a profile without a
-    serving section."""
+    serving section. Requests come from the overload runs alone, sent as the cells are (open loop, fresh client
+    processes): during the warm-up the engine compiles its kernels, which delays admission tenfold."""
     _, runs, traces = load_measured(directory, "calibration")
     passes, requests = [], []
     for name, m, _ in runs:
+        if traces[name] is None:
+            continue
         trace_passes, trace_requests = traces[name]
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
                            "num_samples": p["num_samples"], "serving_s": p["serving_s"]})
+        if m.cell.clients:
+            continue
         for r in m.records:
             row = trace_requests[r.response_id]
             sent = m.t0 + r.arrival
@@ -477,7 +509,7 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
     rows, passes_rows, delivery_rows = [], [], []
     for name, m, info in cells:
         served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
-        trace_passes, trace_requests = traces[name]
+        trace_passes, trace_requests = traces[name] or ([], None)
         sim_summary, _ = simulated(m.cell, m.rate, served)
         cell_views = views(m, trace_requests)
         pass_rows = cell_passes(m, trace_passes, served)
@@ -487,6 +519,8 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
         for source, result in (("sim", None), *cell_views.items()):
             summary = sim_summary if result is None else {**summarize(result, SLA()), **stats}
             rows.append({**m.cell.keys(), "rate": m.rate, "source": source, **metric_columns(summary)})
+        if trace_requests is None:
+            continue
         for r, s in zip(m.records, cell_views["server"].columns["first_token"]):
             delivery_rows.append({**m.cell.keys(), "id": r.id, "server_first_token": s,
                                   "client_first_token": r.chunk_times[0],
@@ -518,7 +552,7 @@ def relative_errors(frame):
     keyed = frame.assign(load=frame["load"].fillna(-1))  # NaN keys would not match
     sim = keyed[keyed.source == "sim"].set_index(list(CELL_KEYS))[metrics]
     rows = []
-    for view in ("server", "client"):
+    for view in [v for v in ("server", "client") if (keyed.source == v).any()]:
         measured = keyed[keyed.source == view].set_index(list(CELL_KEYS))[metrics]
         error = (sim - measured) / measured
         rows.append(error.assign(view=view).reset_index())

@@ -18,7 +18,8 @@ RATE_ERRORS = ("throughput_rps", "token_throughput_tps", "mean_tokens_per_pass")
 def _cell_label(row) -> str:
     load = f"{row['load']:.0%} load" if row.get("load") == row.get("load") and row.get("load") is not None \
         else f"{row['clients']} clients"
-    return f"{row['scheduler']} {row['token_budget']}, {row['mix']}, {load}"
+    fleet = f", {row['replicas']} x {row['balancer']}" if row.get("replicas", 1) > 1 else ""
+    return f"{row['scheduler']} {row['token_budget']}{fleet}, {row['mix']}, {load}"
 
 
 def figures(frame, errors, passes, delivery) -> list:
@@ -62,7 +63,7 @@ def figures(frame, errors, passes, delivery) -> list:
 
 
 def _table(frame) -> str:
-    cols = ["scheduler", "token_budget", "mix", "load", "clients", "source", "throughput_rps", "ttft_mean",
+    cols = ["scheduler", "token_budget", "replicas", "balancer", "mix", "load", "clients", "source", "throughput_rps", "ttft_mean",
             "tpot_mean", "e2e_mean", "e2e_p90"]
     cols = [c for c in cols if c in frame.columns]
     return frame[cols].to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
@@ -71,11 +72,11 @@ def _table(frame) -> str:
 def write_report(path: Path, frame, errors, passes, delivery, meta: dict) -> Path:
     import plotly.io as pio
 
-    parts = [f"<h1>Simulator against the real engine</h1><p>model {escape(str(meta['model']))}; profile "
+    parts = [f"<h1>Simulator against the real engine</h1><p>model {escape(str(meta.get('model')))}; profile "
              f"{escape(str(meta['profile'].get('model')))} on {escape(str(meta['profile'].get('card')))} "
-             f"({escape(str(meta['profile'].get('kind')))}); measured {escape(str(meta['date']))}, commit "
+             f"({escape(str(meta['profile'].get('kind')))}); measured {escape(str(meta.get('date')))}, commit "
              f"{escape(str(meta.get('commit') or '-'))}; saturation rates (req/s) "
-             f"{escape(str(meta['saturation_rps']))}</p>",
+             f"{escape(str(meta.get('saturation_rps')))}. {escape(meta.get('note', ''))}</p>",
              "<h2>Every cell: means in seconds, throughput in requests/s</h2>", _table(frame)]
     for i, fig in enumerate(figures(frame, errors, passes, delivery)):
         parts.append(pio.to_html(fig, include_plotlyjs=i == 0, full_html=False))
