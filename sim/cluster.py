@@ -117,7 +117,7 @@ class _Loads(Sequence):
 
     def __getitem__(self, i: int) -> ReplicaLoad:
         r = self.replicas[i]
-        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, r.kv_usage_now)
+        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, r.reported_kv_usage)
 
 
 def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
@@ -282,11 +282,22 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
             if finish > env.now:
                 yield env.timeout(finish - env.now)
 
+    def report_kv_usage():
+        # The router hears each replica's KV usage from its periodic health checks, so a balancer that decides by
+        # it sees it that stale: least-kv sends a second's worth of requests to the replica that was emptiest.
+        while len(log) < n:
+            for replica in replicas:
+                if replica is not None:
+                    replica.reported_kv_usage = replica.kv_usage_now
+            yield env.timeout(config.policy.kv_report_interval)
+
     if clients:
         for _ in range(clients):
             env.process(client())
     else:
         env.process(open_loop())
+    if balancer.reads_kv_usage and choices is None:
+        env.process(report_kv_usage())
     # The run allocates many short-lived objects and few cycles: collect the young generation less often, and
     # leave the objects that exist before the run out of full collections.
     thresholds = gc.get_threshold()

@@ -45,6 +45,7 @@ class Replica:
         self.kv_usage: list[float] = []
         self._kv_stride = 1
         self._idle: simpy.Event | None = None
+        self.reported_kv_usage = 0.0  # as the balancer last heard it (``PolicyConfig.kv_report_interval``)
         self.process = env.process(self.run())
 
     @property

@@ -25,7 +25,7 @@ def router():
     port = free_port()
     cmd = [sys.executable, "-m", "engine.server.cli", MODEL, "--port", str(port), "--replicas", "3",
            "--balancer", "round-robin", "--device", "cpu", "--num-kv-blocks", "512", "--threads", "1",
-           "--health-interval", "0.2"]
+           "--kv-report-interval", "0.2"]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

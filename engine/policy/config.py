@@ -31,6 +31,9 @@ class PolicyConfig:
     balancer: str = field(default="least-requests", metadata=option_metadata(
         "Which replica gets the next request: round-robin, random, least-requests, least-tokens, least-kv or "
         "power-of-two."))
+    kv_report_interval: float = field(default=1.0, metadata=option_metadata(
+        "Seconds between a replica's reports of its KV cache usage to the balancer (the router's health checks): "
+        "least-kv picks by usage this stale."))
 
     def __post_init__(self) -> None:
         # The scheduler and balancer names are checked where they are looked up (``make_scheduler``,
@@ -39,3 +42,6 @@ class PolicyConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an integer >= 1, got {value!r}")
+        if not self.kv_report_interval > 0:
+            raise ValueError(f"kv_report_interval (--kv-report-interval) must be > 0 seconds, got "
+                             f"{self.kv_report_interval!r}")

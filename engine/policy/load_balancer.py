@@ -27,6 +27,7 @@ class ReplicaLoad:
 
 class LoadBalancer:
     name = "base"
+    reads_kv_usage = False  # whether it decides by KV usage, which replicas report only now and then
 
     def choose(self, loads: Sequence[ReplicaLoad]) -> int:
         raise NotImplementedError
@@ -85,6 +86,7 @@ class LeastTokens(_LeastBy):
 class LeastKV(_LeastBy):
     name = "least-kv"
     key = "kv_usage"
+    reads_kv_usage = True
 
 
 class PowerOfTwo(LoadBalancer):

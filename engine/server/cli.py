@@ -25,7 +25,6 @@ def engine_options(options: dict) -> dict:
               help="Waiting requests per engine before answering 429.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engine processes (one per GPU, or per CPU slot) behind a router.")
-@click.option("--health-interval", type=float, default=1.0, show_default=True, help="Seconds between checks.")
 @click.option("--threads", type=int, default=None, help="Torch CPU threads per engine (default: cores / replicas).")
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--engine-process/--no-engine-process", default=True, show_default=True,
@@ -36,7 +35,7 @@ def engine_options(options: dict) -> dict:
               help="Write the engine's pass-level trace (JSON lines) to this file when the server stops.")
 @config_options(PolicyConfig)
 @config_options(EngineConfig)
-def serve(model, host, port, served_model_name, max_waiting, replicas, health_interval, threads, log_level,
+def serve(model, host, port, served_model_name, max_waiting, replicas, threads, log_level,
           engine_process, replica_urls, pass_trace, **options):
     """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API."""
     name = served_model_name or model
@@ -54,7 +53,7 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, health_in
     if replicas > 1 or replica_urls:
         from engine.server.router import run_router
 
-        run_router(config, name, host, port, replicas, health_interval, threads, log_level, max_waiting,
+        run_router(config, name, host, port, replicas, threads, log_level, max_waiting,
                    engine_process=engine_process, replica_urls=replica_urls)
         return
     import uvicorn

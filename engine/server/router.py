@@ -324,11 +324,12 @@ def stop_replicas(replicas: list[Replica]) -> None:
             r.process.wait()
 
 
-def run_router(config: EngineConfig, name: str, host: str, port: int, replicas: int, health_interval: float,
-               threads: int | None, log_level: str, max_waiting: int, startup_timeout: float = 600,
+def run_router(config: EngineConfig, name: str, host: str, port: int, replicas: int, threads: int | None,
+               log_level: str, max_waiting: int, startup_timeout: float = 600,
                engine_process: bool = True, replica_urls: tuple[str, ...] = ()) -> None:
-    """Start the replica processes, serve the router (balancing with ``config.policy.balancer``) until
-    interrupted, then stop the replicas. With ``replica_urls``, route to those running servers instead (they are
+    """Start the replica processes, serve the router (balancing with ``config.policy.balancer``, checking the
+    replicas' health and KV usage every ``config.policy.kv_report_interval`` seconds) until interrupted, then stop
+    the replicas. With ``replica_urls``, route to those running servers instead (they are
     neither started nor stopped here)."""
     import uvicorn
 
@@ -340,7 +341,8 @@ def run_router(config: EngineConfig, name: str, host: str, port: int, replicas: 
         procs = start_replicas(config, name, replicas, threads, log_level, max_waiting, engine_process)
     try:
         wait_healthy(procs, startup_timeout)
-        router = Router(procs, config.policy.balancer, seed=config.seed, health_interval=health_interval)
+        router = Router(procs, config.policy.balancer, seed=config.seed,
+                        health_interval=config.policy.kv_report_interval)
         uvicorn.run(create_router_app(router), host=host, port=port, log_level=log_level,
                     timeout_graceful_shutdown=5)
     finally:
