@@ -12,11 +12,13 @@ VALIDATION_DIR = Path(__file__).parent / "validation"
 SOURCES = ("sim", "server", "client")  # the simulator; the engine's server; the benchmark client
 # What makes a cell, as ``splitfuse validate`` writes it; a file has scheduler and mix, and load (open loop, a share
 # of the saturation rate) or clients (closed loop), and may have the others.
-CELL = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed")
+CELL = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed", "replicas",
+        "balancer")
 REQUIRED = ("source", "scheduler", "mix")
 LATENCY_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p95",
                                                                                       "p99"))
-METRICS = (*LATENCY_METRICS, "throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions")
+METRICS = (*LATENCY_METRICS, "throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions",
+           "effective_throughput_rps", "sla_share")
 
 
 def read_validation(paths=None):
@@ -92,9 +94,12 @@ def compare(results, reference: str = "server"):
 
 
 def cell_name(row) -> str:
-    """``splitfuse / long / load 0.5`` or ``... / 8 clients``."""
+    """``splitfuse / long / load 0.5``, ``... / 8 clients``, or a fleet's ``splitfuse x2 round-robin / ...``."""
     import pandas as pd
 
     load = row.get("load")
     what = f"load {load:g}" if load is not None and not pd.isna(load) else f"{int(row.get('clients', 0))} clients"
-    return f"{row['scheduler']} / {row['mix']} / {what}"
+    replicas = row.get("replicas")
+    fleet = f" x{int(replicas)} {row.get('balancer')}" if replicas is not None and not pd.isna(replicas) \
+        and replicas > 1 else ""
+    return f"{row['scheduler']}{fleet} / {row['mix']} / {what}"

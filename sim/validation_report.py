@@ -63,8 +63,8 @@ def figures(frame, errors, passes, delivery) -> list:
 
 
 def _table(frame) -> str:
-    cols = ["scheduler", "token_budget", "replicas", "balancer", "mix", "load", "clients", "source", "throughput_rps", "ttft_mean",
-            "tpot_mean", "e2e_mean", "e2e_p90"]
+    cols = ["scheduler", "token_budget", "replicas", "balancer", "mix", "load", "clients", "source", "throughput_rps",
+            "ttft_mean", "tpot_mean", "e2e_mean", "e2e_p90"]
     cols = [c for c in cols if c in frame.columns]
     return frame[cols].to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
 
