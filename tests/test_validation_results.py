@@ -61,3 +61,25 @@ def test_the_shipped_example_is_labelled_and_reproducible(tmp_path):
     pd.testing.assert_frame_equal(again, pd.read_csv(validation_example.OUT))
     errors = compare(shipped)["rel_error"].dropna()
     assert len(errors) > 100 and np.isfinite(errors).all()
+
+
+def test_error_table_gives_each_cells_headline_errors_in_percent(tmp_path):
+    from calibration.validation_summary import error_table
+
+    text = ("source,scheduler,mix,load,ttft_mean,tpot_mean,throughput_rps\n"
+            "sim,splitfuse,long,0.5,0.11,0.020,4\nclient,splitfuse,long,0.5,0.10,0.025,5\n")
+    table = error_table(read_validation([write(tmp_path, text)]), "grid-a")
+    assert list(table.columns) == ["req/s", "TTFT", "TPOT"]
+    assert table.iloc[0].tolist() == pytest.approx([-20.0, 10.0, -20.0])
+
+
+def test_validation_md_states_the_fastgen_headline_the_shipped_grid_gives():
+    from calibration.validation_results import VALIDATION_DIR
+    from calibration.validation_summary import fastgen_headline
+
+    results = read_validation()
+    headline = fastgen_headline(results[results.kind == "measured"]).set_index("source")
+    text = (VALIDATION_DIR.parent / "VALIDATION.md").read_text()
+    for source in ("client", "sim"):
+        assert f"{headline.loc[source, 'effective throughput ratio']:.2f}x" in text, source
+    assert f"**{headline.loc['client', 'p95 ITL ratio @32']:.2f}**" in text
