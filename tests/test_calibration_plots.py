@@ -2,6 +2,7 @@
 whole message when PNG export cannot run."""
 
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -56,11 +57,14 @@ def test_the_html_embeds_plotly_and_holds_every_figure(tmp_path):
     assert text.count("Plotly.newPlot(") == 4
 
 
-def test_a_failed_png_export_says_why_whole_and_what_to_do(tmp_path, monkeypatch, capsys):
-    """Before: a missing kaleido printed only the first line of plotly's message, cut off mid-sentence."""
-    monkeypatch.setitem(sys.modules, "kaleido", None)
-    written = write_plots(load_profile("llama-2-7b"), tmp_path)
-    err = capsys.readouterr().err
-    assert [p.suffix for p in written] == [".html"]
+def test_a_failed_png_export_says_why_whole_and_what_to_do(tmp_path):
+    """Before: a missing kaleido printed only the first line of plotly's message, cut off mid-sentence. In its own
+    process: plotly remembers a failed kaleido import, which would break PNG export for every later test."""
+    code = ("import sys; sys.modules['kaleido'] = None  # makes ``import kaleido`` fail\n"
+            "from calibration.plots import write_plots\nfrom calibration.profile import load_profile\n"
+            f"print([p.suffix for p in write_plots(load_profile('llama-2-7b'), {str(tmp_path)!r})])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    err = out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "['.html']", err[-2000:]
     assert "pip install --upgrade \"kaleido>=1\"" in err and "apt-get install chromium" in err
     assert err.count("no PNG written") == 1

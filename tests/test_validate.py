@@ -89,8 +89,10 @@ def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_pro
     assert s.fit["loop"]["n"] >= 10 and s.fit["admission"]["n"] >= 10 and s.fit["delivery"]["n"] >= 10
     u = np.linspace(0, 0.999, 50)
     admission = s.admission_seconds(np.full(50, 30), u)
-    assert (0 < admission).all() and np.median(admission) < 1  # seconds: the overload floods 2 CPU cores
-    assert 0 < np.median(s.delivery_seconds(u)) < 0.5  # seconds, on one host
+    # Seconds, on a CPU the overload floods (and that other jobs may share): bounds loose enough for a loaded
+    # machine that still catch a unit slip (milliseconds read as seconds would be thousands).
+    assert (0 < admission).all() and np.median(admission) < 10
+    assert 0 < np.median(s.delivery_seconds(u)) < 5
     assert "eager" in s.fit["path_scale"] and 0.2 < s.path_scale["eager"] < 5
     f = PassFeatures(8, 0, 8, 8, 0, 8 * 30, 0, 8)
     base = load_profile(cpu_profile)
