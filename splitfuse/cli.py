@@ -12,7 +12,7 @@ SUBCOMMANDS = {
     "simulate": ("sim.cli", "simulate", "Simulate a cluster of replicas on a calibrated profile."),
     "profile": ("calibration.cli", "profile", "Profile a GPU into a cost model, or --check a profile."),
     "serve": ("engine.server.cli", "serve", "Serve a model over an OpenAI-compatible HTTP API."),
-    "bench": ("sim.bench", "bench", "Benchmark any OpenAI-compatible server."),
+    "bench": ("sim.bench_cli", "bench", "Benchmark any OpenAI-compatible server."),
     "validate": ("sim.validate", "validate", "Compare the simulator with the real engine behind its server."),
 }
 
