@@ -100,9 +100,9 @@ class LLMEngine:
     from a model and the config's fields as keyword arguments: ``LLMEngine("tiny-llama", device="cpu")``).
 
     On CUDA the KV cache takes ``gpu_memory_utilization`` of the card minus the weights and the activation peak
-    of a pass of ``token_budget`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is given), and
-    decode-only passes and passes of up to ``MAX_GRAPH_TOKENS`` tokens replay CUDA graphs (``enforce_eager=True``
-    turns them off).
+    of a pass of ``max_num_batched_tokens`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is
+    given), and decode-only passes and passes of up to ``MAX_GRAPH_TOKENS`` tokens replay CUDA graphs
+    (``enforce_eager=True`` turns them off).
 
     ``pipeline_decodes``: after enqueuing a greedy decode-graph pass, the engine also enqueues the pass that follows
     it if nothing changes (``Scheduler.next_decode_plan``: every request one token further, input ids taken on the
