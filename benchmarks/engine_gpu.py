@@ -49,7 +49,7 @@ def bench_engine(token_budget: int = 2048) -> LLMEngine:
     """The benchmarks' engine: random-weight ``MODEL`` in bf16 on the GPU (weights drawn there from ``SEED``),
     ``max_num_seqs`` 256 (so decode graphs up to batch 256), 90% of the card's memory. Its KV cache holds zeros
     until ``random_kv``."""
-    return LLMEngine(MODEL, dtype="bfloat16", device="cuda", token_budget=token_budget, max_num_seqs=256,
+    return LLMEngine(MODEL, dtype="bfloat16", device="cuda", max_num_batched_tokens=token_budget, max_num_seqs=256,
                      gpu_memory_utilization=0.9, seed=SEED)
 
 
@@ -654,7 +654,8 @@ def main() -> None:
                     help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--hf-batches", type=int, default=2)
-    ap.add_argument("--token-budget", type=int, default=2048, help="of the offline run (passes up to it)")
+    ap.add_argument("--max-num-batched-tokens", "--token-budget", dest="token_budget", type=int, default=2048,
+                    help="of the offline run (passes up to it)")
     ap.add_argument("--max-num-seqs", type=int, default=0,
                     help="of the offline run; 0: as many as the KV cache holds at the workload's mean prompt + "
                          "output length (fits_seqs), at most 256")

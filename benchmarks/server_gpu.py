@@ -58,8 +58,8 @@ def warmup(a) -> list[tuple[list[int], int]]:
 
 
 def engine_kwargs(a) -> dict:
-    return dict(dtype="bfloat16" if a.device == "cuda" else "float32", device=a.device, token_budget=a.token_budget,
-                max_num_seqs=a.max_num_seqs, seed=1234)
+    return dict(dtype="bfloat16" if a.device == "cuda" else "float32", device=a.device,
+                max_num_batched_tokens=a.token_budget, max_num_seqs=a.max_num_seqs, seed=1234)
 
 
 def run_offline(a) -> dict:
@@ -80,7 +80,7 @@ def run_offline(a) -> dict:
     t0 = time.perf_counter()
     outs = llm.generate([p for p, _ in reqs], [params(o) for _, o in reqs])
     wall = time.perf_counter() - t0
-    assert all(len(o.token_ids) == n for o, (_, n) in zip(outs, reqs)), "an offline request fell short"
+    assert all(len(o.outputs[0].token_ids) == n for o, (_, n) in zip(outs, reqs)), "an offline request fell short"
     return {"wall_s": wall, "passes": len(sizes), "mean_tokens_per_pass": float(np.mean(sizes)),
             "preemptions": llm.engine.stats().num_preemptions,
             "max_num_seqs": llm.engine.scheduler.max_num_seqs, "kv_blocks": llm.engine.num_kv_blocks}
@@ -91,7 +91,7 @@ def serve_child(a) -> None:
     from engine.server.cli import serve
 
     process_flag = "--engine-process" if a.engine_process else "--no-engine-process"
-    serve.main([a.model, process_flag, "--port", str(a.port), "--token-budget", str(a.token_budget),
+    serve.main([a.model, process_flag, "--port", str(a.port), "--max-num-batched-tokens", str(a.token_budget),
                 "--max-num-seqs", str(a.max_num_seqs), "--device", a.device, "--dtype", engine_kwargs(a)["dtype"],
                 "--seed", "1234"],
                standalone_mode=True)
@@ -168,7 +168,8 @@ def run_server(a) -> dict:
 
 def forwarded(a) -> list[str]:
     return ["--model", a.model, "--device", a.device, "--requests", str(a.requests), "--seed", str(a.seed),
-            "--shrink", str(a.shrink), "--token-budget", str(a.token_budget), "--max-num-seqs", str(a.max_num_seqs),
+            "--shrink", str(a.shrink), "--max-num-batched-tokens", str(a.token_budget),
+            "--max-num-seqs", str(a.max_num_seqs),
             "--port", str(a.port), "--client-procs", str(a.client_procs),
             *([] if a.engine_process else ["--no-engine-process"])]
 
@@ -183,7 +184,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--shrink", type=int, default=1, help="divide prompt and output lengths (CPU smoke runs)")
-    ap.add_argument("--token-budget", type=int, default=2048)
+    ap.add_argument("--max-num-batched-tokens", "--token-budget", dest="token_budget", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=0, help="0: as engine_gpu chooses (fits_seqs)")
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--no-engine-process", dest="engine_process", action="store_false",

@@ -140,7 +140,7 @@ def build_plan(spec: PassSpec, num_kv_blocks: int, block_size: int, rng: np.rand
                ) -> tuple[Scheduler, BatchPlan, float]:
     """(scheduler, plan, seconds the scheduler took) for ``spec``; the scheduler's block tables index a KV cache
     of ``num_kv_blocks`` blocks. The caller runs the plan, then ``release``."""
-    config = PolicyConfig(token_budget=spec.num_tokens, block_size=block_size,
+    config = PolicyConfig(max_num_batched_tokens=spec.num_tokens, block_size=block_size,
                           max_num_seqs=len(spec.decode_contexts) + len(spec.chunks) + 1)
     sched = make_scheduler(config, num_kv_blocks, max_model_len)
     params = sampling_params or SamplingParams(max_tokens=max_model_len)

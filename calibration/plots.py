@@ -28,8 +28,8 @@ CONTEXTS = (128, 512, 2048, 8192)  # decode model curves
 DECODE_BATCHES = (1, 16, 64, 256)
 MAX_LOG2_BATCH = 9  # the decode colour bar runs from batch 1 to 512
 PNG_HELP = ("PNG export drives a Chrome or Chromium through kaleido: install one (Debian: apt-get install chromium; "
-            "or run plotly_get_chrome) and make sure kaleido is installed (pip install kaleido); the HTML file has "
-            "every figure")
+            "or run plotly_get_chrome) and make sure kaleido is installed (pip install 'splitfuse[plots]'); the HTML "
+            "file has every figure")
 
 
 def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:

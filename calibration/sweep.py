@@ -40,7 +40,7 @@ def make_engine(model: str, dtype: str, device: str, seed: int, block_size: int,
     from engine.llm import LLMEngine
     from engine.policy import PolicyConfig
 
-    policy = PolicyConfig(token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS, block_size=block_size)
+    policy = PolicyConfig(max_num_batched_tokens=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS, block_size=block_size)
     return LLMEngine(EngineConfig(model, policy, dtype=DTYPES[dtype], device=device, seed=seed,
                                   gpu_memory_utilization=gpu_memory_utilization))
 

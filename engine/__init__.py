@@ -5,8 +5,8 @@
 
 from engine.policy import SamplingParams
 
-_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm", "RequestOutput": "engine.llm",
-         "EngineConfig": "engine.config"}
+_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm", "RequestOutput": "engine.outputs",
+         "CompletionOutput": "engine.outputs", "RequestMetrics": "engine.outputs", "EngineConfig": "engine.config"}
 
 __all__ = ["SamplingParams", *_LAZY]
 

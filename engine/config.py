@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from engine.policy import PolicyConfig
-from engine.policy.config import option_metadata
+from engine.policy.config import option_metadata, resolve_aliases
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> EngineConfig:
         """A config from flat keyword arguments: any field of ``EngineConfig`` or of ``PolicyConfig``
-        (``LLM("llama-2-7b", token_budget=512, device="cpu")``). TypeError names an unknown one."""
+        (``LLM("llama-2-7b", max_num_batched_tokens=512, device="cpu")``; old names such as ``token_budget`` work
+        too). TypeError names an unknown one."""
+        kwargs = resolve_aliases(kwargs)
         engine = {f.name for f in dataclasses.fields(cls)} - {"model"}
         policy = {f.name for f in dataclasses.fields(PolicyConfig)}
         unknown = sorted(set(kwargs) - engine - policy)

@@ -57,20 +57,23 @@ def generate(model, prompts, max_tokens, temperature, top_p, top_k, **options):
 
     engine, policy = llm.engine, config.policy
     click.echo(f"model {model} on {engine.device} ({str(engine.dtype).removeprefix('torch.')}), scheduler "
-               f"{policy.scheduler}, token budget {policy.token_budget}, {engine.num_kv_blocks} KV blocks of "
+               f"{policy.scheduler}, max_num_batched_tokens {policy.max_num_batched_tokens}, {engine.num_kv_blocks} "
+               f"KV blocks of "
                f"{policy.block_size} tokens; loaded in {load_s:.2f} s\n")
     for i, out in enumerate(outputs):
-        shown = out.text if out.text is not None else out.token_ids
-        click.echo(f"[{i}] {out.prompt!r} -> {shown!r}" if out.error is None else f"[{i}] error: {out.error}")
+        sample = out.outputs[0]
+        shown = sample.text if sample.text is not None else sample.token_ids
+        prompt = out.prompt if out.prompt is not None else out.prompt_token_ids
+        click.echo(f"[{i}] {prompt!r} -> {shown!r}" if out.error is None else f"[{i}] error: {out.error}")
     click.echo(f"\n{'#':>3} {'prompt':>7} {'output':>7} {'TTFT ms':>9} {'e2e ms':>9} {'TPOT ms':>9}  finish")
     total_tokens = 0
     for i, out in enumerate(outputs):
         if out.error is not None:
             click.echo(f"{i:>3} {'-':>7} {'-':>7} {'-':>9} {'-':>9} {'-':>9}  error")
             continue
-        m, n = out.metrics, len(out.token_ids)
+        m, n = out.metrics, len(out.outputs[0].token_ids)
         total_tokens += n
         tpot = f"{(m.e2e - m.ttft) / (n - 1) * 1e3:9.1f}" if n > 1 else f"{'-':>9}"
         click.echo(f"{i:>3} {len(out.prompt_token_ids):>7} {n:>7} {m.ttft * 1e3:9.1f} {m.e2e * 1e3:9.1f} {tpot}"
-                   f"  {out.finish_reason}")
+                   f"  {out.outputs[0].finish_reason}")
     click.echo(f"\n{total_tokens} tokens in {wall_s:.3f} s: {total_tokens / wall_s:.1f} tokens/s")

@@ -12,13 +12,15 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from engine.config import EngineConfig
 from engine.cuda_graphs import MAX_GRAPH_TOKENS
+from engine.detokenize import Detokenizer
 from engine.memory import num_kv_blocks_for
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.policy import (
     BatchPlan,
     PassFeatures,
@@ -28,32 +30,23 @@ from engine.policy import (
     make_scheduler,
     plan_features,
 )
-from engine.prompts import check_prompt
+from engine.prompts import check_prompt, split_prompt
 from engine.runner import LaunchedPass, ModelRunner
 from engine.weights import load_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict  # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}
 
 
-@dataclass
-class RequestMetrics:
-    """Wall-clock timestamps (``time.monotonic()`` seconds) of one request's life."""
+@dataclass(slots=True)
+class _Entry:
+    """A request the engine serves: its scheduler state, its prompt's text, and the detokenizer that watches its
+    text for stop strings (when it has any)."""
 
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finish_time: float | None = None
-    num_preemptions: int = 0
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def e2e(self) -> float | None:
-        return None if self.finish_time is None else self.finish_time - self.arrival_time
+    request: Request
+    prompt: str | None
+    detokenizer: Detokenizer | None
 
 
 @dataclass(slots=True)
@@ -73,26 +66,6 @@ class PassRecord:
     path: str
     ahead: bool
     num_outputs: int
-
-
-@dataclass
-class RequestOutput:
-    """A request's state after a step (``new_token_ids`` came in that step) or at the end of ``generate``.
-
-    ``text`` is decoded once the request finishes (when a tokenizer exists). ``finish_reason`` is "stop",
-    "length", "abort", or "error" with ``error`` saying what was wrong with the input.
-    """
-
-    request_id: str
-    prompt: Prompt | None
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    finish_reason: str | None = None
-    text: str | None = None
-    metrics: RequestMetrics | None = None
-    error: str | None = None
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -127,9 +100,9 @@ class LLMEngine:
     from a model and the config's fields as keyword arguments: ``LLMEngine("tiny-llama", device="cpu")``).
 
     On CUDA the KV cache takes ``gpu_memory_utilization`` of the card minus the weights and the activation peak
-    of a pass of ``token_budget`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is given), and
-    decode-only passes and passes of up to ``MAX_GRAPH_TOKENS`` tokens replay CUDA graphs (``enforce_eager=True``
-    turns them off).
+    of a pass of ``max_num_batched_tokens`` tokens and of the largest pass graph (unless ``num_kv_blocks`` is
+    given), and decode-only passes and passes of up to ``MAX_GRAPH_TOKENS`` tokens replay CUDA graphs
+    (``enforce_eager=True`` turns them off).
 
     ``pipeline_decodes``: after enqueuing a greedy decode-graph pass, the engine also enqueues the pass that follows
     it if nothing changes (``Scheduler.next_decode_plan``: every request one token further, input ids taken on the
@@ -160,20 +133,20 @@ class LLMEngine:
         model_config = self.model_config
         self.max_model_len = min(model_config.max_model_len, config.max_model_len or model_config.max_model_len)
         use_graphs = self.device.type == "cuda" and not config.enforce_eager
-        graph_tokens = min(MAX_GRAPH_TOKENS, policy.token_budget, self.max_model_len) if use_graphs else 0
+        graph_tokens = min(MAX_GRAPH_TOKENS, policy.max_num_batched_tokens, self.max_model_len) if use_graphs else 0
         num_kv_blocks = config.num_kv_blocks
         if num_kv_blocks is None:
             num_kv_blocks = num_kv_blocks_for(model_config, policy.block_size, self.dtype, self.device,
                                               policy.max_num_seqs, self.max_model_len, config.gpu_memory_utilization,
-                                              self.model, policy.token_budget, graph_tokens)
+                                              self.model, policy.max_num_batched_tokens, graph_tokens)
         self.scheduler = make_scheduler(policy, num_kv_blocks, self.max_model_len)
         self.runner = ModelRunner(self.model, model_config, num_kv_blocks, policy.block_size, self.device, self.dtype,
                                   config.seed, max_model_len=self.max_model_len,
-                                  max_graph_batch=min(policy.max_num_seqs, policy.token_budget),
+                                  max_graph_batch=min(policy.max_num_seqs, policy.max_num_batched_tokens),
                                   max_graph_tokens=graph_tokens, use_cuda_graphs=use_graphs)
         self.eos_token_id = model_config.eos_token_id
         self.extra_eos_token_ids = model_config.eos_token_ids[1:]  # e.g. Llama-3 instruct's <|eot_id|>
-        self._requests: dict[str, tuple[Request, Prompt]] = {}
+        self._requests: dict[str, _Entry] = {}
         self._next_id = itertools.count()
         self.pipeline_decodes = config.pipeline_decodes
         self._ahead: tuple[BatchPlan, list[int], LaunchedPass] | None = None  # the pass enqueued ahead
@@ -200,21 +173,33 @@ class LLMEngine:
     # -- requests in -------------------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt; ValueError naming the problem for an empty, untokenizable or invalid one."""
-        return check_prompt(prompt, self.tokenizer, self.model_config.vocab_size)
+        return check_prompt(split_prompt(prompt)[1], self.tokenizer, self.model_config.vocab_size)
+
+    def new_request_id(self) -> str:
+        """A request id no other request of this engine gets from it (``add_request`` uses it when given none)."""
+        return str(next(self._next_id))
 
     def add_request(self, prompt: Prompt, sampling_params: SamplingParams | dict | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request; returns its id. Raises ValueError (clear message) for input that can never run."""
+        """Queue a request; returns its id. Raises ValueError (clear message) for input that can never run, and for
+        ``n`` > 1, which ``LLM.generate`` serves (as ``n`` requests)."""
         params = self._check_params(sampling_params)
-        token_ids = self.tokenize(prompt)
-        request_id = str(next(self._next_id)) if request_id is None else str(request_id)
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: LLMEngine.add_request runs one sample per request; LLM.generate serves "
+                             f"n > 1 (as n requests), or add n requests with their own seeds")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer and the model has none; use stop_token_ids")
+        text, ids = split_prompt(prompt)
+        token_ids = check_prompt(ids, self.tokenizer, self.model_config.vocab_size)
+        request_id = self.new_request_id() if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(request_id, token_ids, params,
                           time.monotonic() if arrival_time is None else arrival_time,
                           eos_token_id=self.eos_token_id, max_model_len=self.max_model_len)
         self.scheduler.add(request)
-        self._requests[request_id] = (request, prompt)
+        detokenizer = Detokenizer(self.tokenizer, params.stop) if params.stop else None
+        self._requests[request_id] = _Entry(request, text, detokenizer)
         return request_id
 
     def _check_params(self, params: SamplingParams | dict | None) -> SamplingParams:
@@ -270,17 +255,30 @@ class LLMEngine:
         return outputs
 
     def _outputs(self, plan: BatchPlan, finished: list[Request]) -> list[RequestOutput]:
-        """An output for every request of ``plan`` that sampled a token, and for every one that finished."""
+        """An output for every request of ``plan`` that sampled a token, and for every one that finished (by the
+        scheduler, or here when its text reached a stop string)."""
         outputs = []
+        finished = list(finished)
         for request, samples in zip(plan.requests, plan.samples):
             entry = self._requests.get(request.request_id)
             if samples and entry is not None and not request.is_finished:
-                outputs.append(self._output(request, entry[1]))
+                if entry.detokenizer is not None and self._reached_stop_string(entry):
+                    finished.append(request)
+                else:
+                    outputs.append(self._output(entry))
         for request in finished:
             entry = self._requests.pop(request.request_id, None)
             if entry is not None:
-                outputs.append(self._output(request, entry[1]))
+                outputs.append(self._output(entry))
         return outputs
+
+    def _reached_stop_string(self, entry: _Entry) -> bool:
+        """Feed the request's new token to its detokenizer; if its text now holds a stop string, finish it ("stop")."""
+        request = entry.request
+        entry.detokenizer.add(request.output_token_ids[-1:])
+        if entry.detokenizer.stopped:
+            self.scheduler.abort(request.request_id, reason="stop", now=request.last_token_time)
+        return entry.detokenizer.stopped
 
     def _enqueue_ahead(self, plan: BatchPlan, launched: LaunchedPass) -> None:
         """Enqueue the decode pass that follows ``plan`` if nothing changes (see the class docstring), when this
@@ -325,16 +323,28 @@ class LLMEngine:
 
         return LaunchedPass(subset)
 
-    def _output(self, request: Request, prompt: Prompt) -> RequestOutput:
+    def _output(self, entry: _Entry) -> RequestOutput:
         """The request after a pass in which it sampled exactly one new token."""
+        request, detokenizer = entry.request, entry.detokenizer
         finished = request.is_finished
-        text = None
-        if finished and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        output_ids = list(request.output_token_ids)
+        text, reason, stop_reason = None, request.finish_reason, None
+        if finished and detokenizer is not None:
+            if not detokenizer.stopped:
+                detokenizer.add(output_ids[-1:], final=True)
+            text = detokenizer.text
+            if detokenizer.stopped:
+                reason, stop_reason = "stop", detokenizer.stop_reason
+        elif finished and self.tokenizer is not None:
+            text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
+        if reason == "stop" and stop_reason is None and output_ids and output_ids[-1] != self.eos_token_id \
+                and output_ids[-1] in request.sampling_params.stop_token_ids:
+            stop_reason = output_ids[-1]
         metrics = RequestMetrics(request.arrival_time, request.scheduled_time, request.first_token_time,
                                  request.finish_time, request.num_preemptions)
-        return RequestOutput(request.request_id, prompt, request.prompt_token_ids, list(request.output_token_ids),
-                             request.output_token_ids[-1:], finished, request.finish_reason, text, metrics)
+        completion = CompletionOutput(0, text, output_ids, finish_reason=reason, stop_reason=stop_reason)
+        return RequestOutput(request.request_id, entry.prompt, request.prompt_token_ids, [completion], finished,
+                             metrics, new_token_ids=output_ids[-1:])
 
 
 class LLM:
@@ -354,9 +364,12 @@ class LLM:
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | dict | list[SamplingParams | dict] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt to completion. A prompt that cannot run (empty, too long, invalid sampling values)
-        gets an output with ``finish_reason="error"`` and the reason in ``error``; the others are unaffected."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        """Run every prompt to completion; one ``RequestOutput`` per prompt, in order, with ``n`` completions (``n``
+        requests, copy ``i`` seeded with ``seed + i`` when a seed is set). Prompts are text, token ids,
+        ``{"prompt": text}`` or ``{"prompt_token_ids": ids}``. A prompt that cannot run (empty, too long, invalid
+        sampling values) gets an output with ``finish_reason="error"`` and the reason in ``error``; the others are
+        unaffected."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         if isinstance(sampling_params, list):
@@ -367,23 +380,67 @@ class LLM:
             params = [sampling_params] * len(prompts)
 
         outputs: list[RequestOutput | None] = [None] * len(prompts)
-        index_of: dict[str, int] = {}
+        samples: list[list[RequestOutput | None]] = [[] for _ in prompts]
+        slot_of: dict[str, tuple[int, int]] = {}  # request id -> (prompt, sample)
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                index_of[self.engine.add_request(prompt, p)] = i
+                ids = self._add(prompt, p)
             except (ValueError, TypeError) as e:
-                outputs[i] = RequestOutput(request_id=f"rejected-{i}", prompt=prompt, prompt_token_ids=[],
-                                           token_ids=[], finished=True, finish_reason="error", error=str(e))
+                text = prompt if isinstance(prompt, str) else None
+                rejected = CompletionOutput(0, None, [], finish_reason="error")
+                outputs[i] = RequestOutput(f"rejected-{i}", text, [], [rejected], finished=True, error=str(e))
+                continue
+            samples[i] = [None] * len(ids)
+            slot_of.update({rid: (i, j) for j, rid in enumerate(ids)})
         progress = None
         if use_tqdm:
             from tqdm import tqdm
-            progress = tqdm(total=len(index_of), desc="generate")
-        while index_of and self.engine.has_unfinished():
+            progress = tqdm(total=sum(1 for o in outputs if o is None), desc="generate")
+        while slot_of and self.engine.has_unfinished():
             for out in self.engine.step():
-                if out.finished and out.request_id in index_of:
-                    outputs[index_of.pop(out.request_id)] = out
-                    if progress is not None:
-                        progress.update(1)
+                if out.finished and out.request_id in slot_of:
+                    i, j = slot_of.pop(out.request_id)
+                    samples[i][j] = out
+                    if all(samples[i]):
+                        outputs[i] = merge_samples(samples[i])
+                        if progress is not None:
+                            progress.update(1)
         if progress is not None:
             progress.close()
         return outputs
+
+    def _add(self, prompt: Prompt, params: SamplingParams | dict | None) -> list[str]:
+        """Add the ``n`` requests of one prompt (aborting those added if one is refused); returns their ids."""
+        params = SamplingParams(**params) if isinstance(params, dict) else params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams or a dict, got {type(params).__name__}")
+        parent = self.engine.new_request_id()
+        if params.n == 1:
+            return [self.engine.add_request(prompt, params, parent)]
+        ids = []
+        try:
+            for j in range(params.n):
+                seed = None if params.seed is None else params.seed + j
+                child = dataclasses.replace(params, n=1, seed=seed)
+                ids.append(self.engine.add_request(prompt, child, f"{j}_{parent}"))
+        except (ValueError, TypeError):
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return ids
+
+
+def merge_samples(samples: list[RequestOutput]) -> RequestOutput:
+    """One prompt's finished samples (requests ``j_<id>``) as one ``RequestOutput`` with ``n`` completions."""
+    if len(samples) == 1:
+        return samples[0]
+    first = samples[0]
+    completions = [dataclasses.replace(s.outputs[0], index=j) for j, s in enumerate(samples)]
+    ms = [s.metrics for s in samples]
+    metrics = RequestMetrics(first.metrics.arrival_time,
+                             min((m.first_scheduled_time for m in ms if m.first_scheduled_time), default=None),
+                             min((m.first_token_time for m in ms if m.first_token_time), default=None),
+                             max((m.finish_time for m in ms if m.finish_time), default=None),
+                             sum(m.num_preemptions for m in ms))
+    return RequestOutput(first.request_id.partition("_")[2], first.prompt, first.prompt_token_ids, completions,
+                         finished=True, metrics=metrics)

@@ -20,3 +20,20 @@ def check_prompt(prompt, tokenizer, vocab_size: int) -> list[int]:
     if bad:
         raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
     return list(prompt)
+
+
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+
+def split_prompt(prompt) -> tuple[str | None, object]:
+    """(the prompt's text or None, what ``check_prompt`` takes) for a prompt as vLLM accepts it: text, token ids,
+    ``{"prompt": text}`` or ``{"prompt_token_ids": ids}`` (ids win when both are given). ValueError names an
+    unknown key."""
+    if isinstance(prompt, dict):
+        unknown = sorted(set(prompt) - set(PROMPT_KEYS))
+        if unknown or not prompt:
+            raise ValueError(f"a prompt dict takes the keys {' or '.join(PROMPT_KEYS)}, got {sorted(prompt)}")
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), prompt["prompt_token_ids"]
+        prompt = prompt["prompt"]
+    return (prompt if isinstance(prompt, str) else None), prompt

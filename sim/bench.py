@@ -2,24 +2,27 @@
 ``splitfuse simulate`` does (the simulator's ``sim.metrics.summarize`` on the same columns), so measured and
 simulated runs line up in one table.
 
-Workloads are the simulator's (``sim.workload``): open loop with Poisson or gamma arrivals (as ``vllm bench
-serve``) or closed loop with N clients (as DeepSpeed-FastGen's benchmark), lengths as in ``--prompt-len``.
-Each request streams from ``/v1/completions`` with ``ignore_eos`` so it produces exactly its output length.
+The flags are ``vllm bench serve``'s (``--request-rate``, default inf: every request at once; ``--burstiness``;
+``--max-concurrency``; ``--num-prompts``; ``--dataset-name random`` with ``--random-input-len``,
+``--random-output-len``, ``--random-range-ratio``; ``--goodput ttft:200 tpot:50`` in ms; ``--save-result``
+writes vLLM's JSON result, ``sim.bench_result``), with the earlier names kept as aliases. Workloads are the
+simulator's (``sim.workload``): open loop with Poisson or gamma arrivals, or closed loop with N clients (as
+DeepSpeed-FastGen's benchmark; an infinite rate with ``--max-concurrency N`` is the same), lengths as in
+``--prompt-len``. Each request streams from ``/v1/completions`` with ``ignore_eos`` so it produces exactly its
+output length.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import click
 import numpy as np
 
 from sim.request_log import RequestLog
-from sim.sla_options import sla_options
 
 
 @dataclass
@@ -81,21 +84,34 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float) 
 
 
 async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
-                       t0: float | None = None, ids=None) -> list[Record]:
+                       t0: float | None = None, ids=None, max_concurrency: int | None = None,
+                       progress: bool = False) -> list[Record]:
     """Send every request (open or closed loop); times are seconds since ``t0`` (a ``time.perf_counter`` value,
     system-wide on Linux, so client processes started together can share it; default: now). ``ids``: send only
-    these rows of ``table`` (one client process's share)."""
+    these rows of ``table`` (one client process's share). ``max_concurrency``: in open loop, at most this many
+    requests in flight (a request due while the limit is reached waits, and its latencies start when it is
+    sent, as in vLLM). ``progress``: a tqdm bar of finished requests on stderr."""
     import httpx
+    from tqdm import tqdm
 
     ids = range(len(table)) if ids is None else ids
     records = {i: Record(i, int(table.prompt_tokens[i]), int(table.output_tokens[i])) for i in ids}
-    limits = httpx.Limits(max_connections=max(clients, 1) + 1024)
+    limits = httpx.Limits(max_connections=max(clients, max_concurrency or 0, 1) + 1024)
+    bar = tqdm(total=len(records), desc="requests", unit="req", disable=not progress, mininterval=1.0)
+
+    async def one(client, i: int) -> None:
+        await send(client, url, model, prompts[i], records[i], t0)
+        bar.update(1)
+
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10), limits=limits) as client:
         t0 = time.perf_counter() if t0 is None else t0
         if table.arrivals is not None:  # open loop: send at the scheduled times, whatever the server does
+            gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+
             async def at(i: int) -> None:
                 await asyncio.sleep(max(0.0, t0 + float(table.arrivals[i]) - time.perf_counter()))
-                await send(client, url, model, prompts[i], records[i], t0)
+                async with gate:
+                    await one(client, i)
 
             await asyncio.gather(*(at(i) for i in records))
         else:  # closed loop: each client sends its next request when the last one finishes
@@ -103,34 +119,43 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
 
             async def worker() -> None:
                 for i in next_id:
-                    await send(client, url, model, prompts[i], records[i], t0)
+                    await one(client, i)
 
             await asyncio.gather(*(worker() for _ in range(clients)))
+    bar.close()
     return list(records.values())
 
 
 def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout: float,
-               processes: int = 1, t0: float | None = None) -> list[Record]:
+               processes: int = 1, t0: float | None = None, max_concurrency: int | None = None,
+               progress: bool = False) -> list[Record]:
     """``run_workload`` spread over ``processes`` client processes that share one clock origin ``t0`` (default:
     0.2 s from now, so every process is up before the first arrival): one Python process parsing thousands of
     streamed events a second lags the server it measures. Process p sends rows p, p + processes, ...; in closed
-    loop it runs its share of the ``clients``. Records come back in row order."""
+    loop it runs its share of the ``clients``, in open loop its share of ``max_concurrency``. Records come back
+    in row order; the first process shows the progress bar (of its share)."""
     t0 = time.perf_counter() + 0.2 if t0 is None else t0
     if table.arrivals is None:  # closed loop: every process runs one client at least
         processes = min(processes, clients)
+    if max_concurrency:
+        processes = min(processes, max_concurrency)
     if processes <= 1:
-        return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0))
+        return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0, None, max_concurrency,
+                                        progress))
     import multiprocessing
 
-    shares = [(url, model, table, prompts, clients // processes + (p < clients % processes), timeout, t0,
-               range(p, len(table), processes)) for p in range(min(processes, len(table)))]
+    def share(total: int | None, p: int) -> int | None:
+        return total and total // processes + (p < total % processes)
+
+    shares = [(url, model, table, prompts, share(clients, p), timeout, t0, range(p, len(table), processes),
+               share(max_concurrency, p), progress and p == 0) for p in range(min(processes, len(table)))]
     with multiprocessing.get_context("fork").Pool(len(shares)) as pool:
         parts = pool.starmap(_run_share, shares)
     return sorted((r for part in parts for r in part), key=lambda r: r.id)
 
 
-def _run_share(url, model, table, prompts, clients, timeout, t0, ids) -> list[Record]:
-    return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0, ids))
+def _run_share(*args) -> list[Record]:
+    return asyncio.run(run_workload(*args))
 
 
 @dataclass
@@ -194,68 +219,3 @@ def server_delta(before: dict, after: dict) -> dict:
             "engine_busy_s": d.get("splitfuse_engine_busy_seconds_total", np.nan)}
 
 
-@click.command()
-@click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="Server to drive.")
-@click.option("--model", default=None, help="Model name to send (default: the server's first in /v1/models).")
-@click.option("--arrivals", type=click.Choice(["poisson", "gamma", "closed"]), default="poisson", show_default=True)
-@click.option("--rate", type=float, default=None, help="Open loop: requests/s.")
-@click.option("--cv", type=float, default=1.0, show_default=True, help="Gamma arrivals' coefficient of variation.")
-@click.option("--clients", type=int, default=0, help="Closed loop: concurrent clients.")
-@click.option("--num-requests", "-n", type=int, default=200, show_default=True)
-@click.option("--prompt-len", default="normal:256:0.3", show_default=True,
-              help="fixed:N, uniform:LO:HI, normal:MEAN:REL, lognormal:MEAN:SIGMA or file:PATH:COLUMN.")
-@click.option("--output-len", default="normal:64:0.3", show_default=True, help="Same forms as --prompt-len.")
-@click.option("--max-prompt-len", type=int, default=None, help="Clip sampled prompts to this many tokens.")
-@click.option("--vocab-size", type=int, default=None,
-              help="Token ids for random prompts (default: the server's vocab_size; text prompts if unknown).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@sla_options
-@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per request.")
-@click.option("--client-processes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Client processes to spread the requests over (one process can lag a fast server).")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write requests.csv and summary.json.")
-def bench(base_url, model, arrivals, rate, cv, clients, num_requests, prompt_len, output_len, max_prompt_len,
-          vocab_size, seed, sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, timeout, client_processes, out):
-    """Benchmark any OpenAI-compatible server; prints the simulator's summary table."""
-    import httpx
-
-    from sim.metrics import SLA, audit_frame, parse_goodput, summarize, summary_table
-    from sim.workload import Workload, parse_length
-
-    url = base_url.rstrip("/")
-    try:
-        sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
-                  goodput=parse_goodput(goodput))
-        workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, cv=cv, clients=clients,
-                            prompt=parse_length(prompt_len), output=parse_length(output_len, "--output-len"),
-                            max_prompt_tokens=max_prompt_len)
-        table = workload.generate(seed)
-        info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    except httpx.HTTPError as e:
-        raise click.ClickException(f"cannot reach {url}/v1/models: {e!r}") from None
-    model = model or info["id"]
-    vocab_size = vocab_size or info.get("vocab_size")
-    prompts = make_prompts(np.random.default_rng([seed, 0xB0]), table.prompt_tokens, vocab_size)
-    click.echo(f"server: {url} model {model}; workload: {arrivals}"
-               + (f" at {rate:.3g} req/s" if rate else f" with {clients} clients") + f", {num_requests} requests")
-
-    before = scrape(url)
-    records = run_spread(url, model, table, prompts, clients, timeout, client_processes)
-    result = to_result(records, seed, server_delta(before, scrape(url)))
-    summary = summarize(result, sla)
-    failed = [r for r in records if r.error is not None]
-    summary["failed"] = len(failed)
-    click.echo(summary_table([summary]).to_string())
-    for r in failed[:5]:
-        click.echo(f"  request {r.id} failed: {r.error}", err=True)
-    if out:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        audit_frame(result, sla).to_csv(out / "requests.csv", index=False)
-        options = {"base_url": url, "model": model, "arrivals": arrivals, "rate": rate, "cv": cv, "clients": clients,
-                   "num_requests": num_requests, "prompt_len": prompt_len, "output_len": output_len, "seed": seed}
-        (out / "summary.json").write_text(json.dumps({"options": options, "runs": [summary]}, indent=1,
-                                                     default=str))
-        click.echo(f"wrote {out}/requests.csv, summary.json")

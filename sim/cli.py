@@ -15,7 +15,7 @@ import click
 from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from engine.policy.options import config_options, pick
 from sim.cluster import ClusterConfig
-from sim.sla_options import sla_options
+from sim.sla_options import SLA_CONTEXT, sla_options
 from sim.workload import ARRIVALS, Workload
 
 REPORTS = ("full", "light", "none")
@@ -23,7 +23,7 @@ REPORTS = ("full", "light", "none")
 TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", "output_len", "max_prompt_len")
 
 
-@click.command()
+@click.command(context_settings=SLA_CONTEXT)
 @click.option("--profile", default=ClusterConfig.cost, show_default=True,
               help="Shipped profile name or profile JSON path (or builtin-llama-2-7b).")
 @click.option("--replicas", default=ClusterConfig.replicas, show_default=True, type=int)
@@ -89,7 +89,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     del options["policy_options"]
     from sim.capacity import capacity_answer, load_sweep
     from sim.cluster import simulate
-    from sim.metrics import SLA, parse_goodput, summarize, summary_table
+    from sim.metrics import SLA, summarize, summary_table
     from sim.run_config import run_config
     from sim.saturation import estimate_capacity, with_rate
     from sim.units import format_value, label, number, scale
@@ -109,7 +109,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     config = ClusterConfig(profile, replicas=replicas, policy=policy, noise=noise)
     cost = config.costs()[0]
     sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
-              goodput=parse_goodput(goodput))
+              goodput=goodput)
     workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, load=load, cv=cv, clients=clients,
                         prompt=prompt_len, output=output_len, trace=trace, max_prompt_tokens=max_prompt_len)
     capacity = estimate_capacity(config, workload)

@@ -139,8 +139,9 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
         if policy.scheduler != "splitfuse":
             longest = prompts + outputs - 1
             j = int(np.argmax(longest))
-            if longest[j] > policy.token_budget:
-                raise ValueError(f"--token-budget {policy.token_budget} is too small for {policy.scheduler}: "
+            if longest[j] > policy.max_num_batched_tokens:
+                raise ValueError(f"--max-num-batched-tokens {policy.max_num_batched_tokens} is too small for "
+                                 f"{policy.scheduler}: "
                                  f"{table.name(j)} needs whole passes of up to {int(longest[j])} tokens")
 
 

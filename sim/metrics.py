@@ -39,21 +39,34 @@ class SLA:
             raise ValueError("--sla-prompt-rate and --sla-gen-rate must be > 0")
         bad = [k for k in self.goodput if k not in ("ttft", "tpot", "e2e")]
         if bad:
-            raise ValueError(f"--goodput: unknown metric {bad[0]!r}; use ttft, tpot or e2e (seconds)")
+            raise ValueError(f"SLA.goodput: unknown metric {bad[0]!r}; use ttft, tpot or e2e (seconds)")
 
 
-def parse_goodput(text: str | None) -> dict:
-    """``"ttft:0.5,tpot:0.05"`` -> {"ttft": 0.5, "tpot": 0.05} (seconds)."""
-    if not text:
+GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "e2e": "e2e"}  # vLLM's name -> SLA.goodput's
+
+
+def parse_goodput(spec) -> dict:
+    """``vllm bench serve --goodput``'s limits: space-separated KEY:MILLISECONDS pairs (one string or a list of
+    them), KEY ttft, tpot or e2el (e2e too) -> ``SLA.goodput`` ({"ttft": 0.2, "tpot": 0.05}, seconds).
+    ``"ttft:200 tpot:50"`` means TTFT <= 200 ms and TPOT <= 50 ms, as in vLLM."""
+    if not spec:
         return {}
+    text = spec if isinstance(spec, str) else " ".join(spec)
+    form = "space-separated KEY:MILLISECONDS pairs as in vllm bench serve, e.g. --goodput ttft:200 tpot:50"
+    if "," in text:
+        raise ValueError(f"--goodput {text!r}: expected {form} (not comma-separated seconds)")
     out = {}
-    for part in text.split(","):
+    for part in text.split():
         key, _, value = part.partition(":")
+        if key not in GOODPUT_KEYS:
+            raise ValueError(f"--goodput {text!r}: unknown metric {key!r}; use ttft, tpot or e2el ({form})")
         try:
-            out[key.strip()] = float(value)
+            ms = float(value)
         except ValueError:
-            raise ValueError(f"--goodput {text!r}: expected METRIC:SECONDS[,...], e.g. ttft:0.5,tpot:0.05") from None
-    SLA(goodput=out)
+            raise ValueError(f"--goodput {text!r}: {part!r} is not KEY:MILLISECONDS; expected {form}") from None
+        if not ms >= 0:
+            raise ValueError(f"--goodput {text!r}: {key} must be >= 0 ms, got {value}")
+        out[GOODPUT_KEYS[key]] = ms / 1e3
     return out
 
 

@@ -40,7 +40,7 @@ class Replica:
         self.outstanding_tokens = 0
         self.num_requests = 0
         self.busy_time = 0.0
-        self.tokens_per_pass = [0] * (policy.token_budget + 1)
+        self.tokens_per_pass = [0] * (policy.max_num_batched_tokens + 1)
         self.kv_times: list[float] = []
         self.kv_usage: list[float] = []
         self._kv_stride = 1

@@ -29,7 +29,7 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
         "KV cache per replica": f"{cost.num_kv_blocks:,} blocks x {cost.block_size} tokens",
         "replicas": f"{config.replicas:,}",
         "scheduler": policy.scheduler,
-        "token budget": f"{policy.token_budget:,} tokens per pass",
+        "token budget": f"{policy.max_num_batched_tokens:,} tokens per pass",
         "max sequences per pass": f"{policy.max_num_seqs:,}",
         "prefix caching": "on" if policy.enable_prefix_caching else "off",
         "balancer": policy.balancer,
@@ -46,7 +46,7 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
                    f"{number(sla.generation_rate)} tokens/s ("
                    + ("cumulative" if sla.cumulative else f"EWM of token gaps, span {EWM_SPAN}") + ")")
     if sla.goodput:
-        rows["goodput limits"] = ", ".join(f"{k} {number(v)} s" for k, v in sla.goodput.items())
+        rows["goodput limits"] = ", ".join(f"{k} {number(v * 1e3)} ms" for k, v in sla.goodput.items())
     rows["commit"] = code_version()
     rows["generated"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return rows

@@ -10,11 +10,11 @@ from sim.workload import Workload
 
 def estimate_capacity(config, workload: Workload) -> float:
     """Rough saturation rate (requests/s) of the cluster ``config`` (a ``sim.cluster.ClusterConfig``; not imported
-    here, which ``sim.cluster`` imports): every replica runs passes full of ``token_budget``
+    here, which ``sim.cluster`` imports): every replica runs passes full of ``max_num_batched_tokens``
     tokens, mixing decodes and one prompt chunk in the workload's proportions (its mean lengths: a trace's own, or
     the clipped sampled ones). A starting point for sweeps, not a result."""
     p, o = workload.mean_lengths()
-    budget = config.policy.token_budget
+    budget = config.policy.max_num_batched_tokens
     decodes = min(round(budget * o / (p + o)), budget - 1)
     # decodes halfway through their outputs, and a chunk halfway through its prompt
     typical = BatchPlan(num_new_tokens=[1] * decodes + [budget - decodes],

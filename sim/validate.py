@@ -96,7 +96,7 @@ class Cell:
 
     @property
     def policy(self) -> PolicyConfig:
-        return PolicyConfig(scheduler=self.scheduler, token_budget=self.token_budget, balancer=self.balancer)
+        return PolicyConfig(scheduler=self.scheduler, max_num_batched_tokens=self.token_budget, balancer=self.balancer)
 
     @property
     def server(self) -> str:
@@ -569,7 +569,7 @@ def _schedulers(specs: tuple[str, ...]) -> list[tuple[str, int]]:
     for spec in specs:
         name, _, budget = spec.partition(":")
         try:
-            out.append((name, int(budget) if budget else PolicyConfig().token_budget))
+            out.append((name, int(budget) if budget else PolicyConfig().max_num_batched_tokens))
         except ValueError:
             raise ValueError(f"--scheduler {spec!r}: expected NAME[:TOKEN_BUDGET], e.g. splitfuse:768") from None
     return out

@@ -33,7 +33,7 @@ def rows() -> list[dict]:
     out = []
     for mix in ("long", "short"):
         for scheduler, budget in SCHEDULERS.items():
-            policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
+            policy = PolicyConfig(scheduler=scheduler, max_num_batched_tokens=budget)
             for load in LOADS:
                 cell = Cell(scheduler, budget, mix, *MIXES[mix], REQUESTS, load=load)
                 rate = load * estimate_capacity(ClusterConfig(PROFILE, 1, policy), cell.workload())

@@ -13,7 +13,8 @@ from serving import serve_in_thread
 
 from engine.server.app import create_app
 from engine.server.engine_core import EngineSpec
-from sim.bench import Record, bench, to_result
+from sim.bench import Record, to_result
+from sim.bench_cli import bench
 from sim.metrics import SLA, summarize
 
 MODEL = "tiny-llama"
@@ -47,7 +48,7 @@ def test_metric_columns_from_known_timings():
 def test_bench_open_and_closed_loop(url, tmp_path, args):
     out = tmp_path / "run"
     result = CliRunner().invoke(bench, ["--base-url", url, "-n", "16", "--prompt-len", "uniform:8:40",
-                                        "--output-len", "fixed:6", "--seed", "1", "--goodput", "ttft:30",
+                                        "--output-len", "fixed:6", "--seed", "1", "--goodput", "ttft:30000",
                                         "--out", str(out), *args])
     assert result.exit_code == 0, result.output
     for row in ("throughput", "TTFT p95", "TPOT p50", "inter-token latency p99", "end-to-end latency p99",
@@ -65,8 +66,8 @@ def test_bench_open_and_closed_loop(url, tmp_path, args):
 
 
 def test_bench_bad_flags_and_unreachable_server(url):
-    r = CliRunner().invoke(bench, ["--base-url", url, "--arrivals", "poisson"])
-    assert r.exit_code != 0 and "--rate" in r.output
+    r = CliRunner().invoke(bench, ["--base-url", url, "--request-rate", "0"])
+    assert r.exit_code != 0 and "--request-rate" in r.output
     r = CliRunner().invoke(bench, ["--base-url", "http://127.0.0.1:9", "--rate", "1"])
     assert r.exit_code != 0 and "cannot reach" in r.output
 

@@ -41,8 +41,8 @@ def test_greedy_matches_transformers(llama_case, scheduler, token_budget):
     path, prompts, expected = llama_case
     llm = LLM(str(path), scheduler=scheduler, token_budget=token_budget, block_size=4, num_kv_blocks=128)
     outputs = llm.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outputs] == expected
-    assert all(o.finish_reason == "length" and o.prompt_token_ids == p for o, p in zip(outputs, prompts))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert all(o.outputs[0].finish_reason == "length" and o.prompt_token_ids == p for o, p in zip(outputs, prompts))
     if token_budget < 40:  # the 40-token prompt must have been split across passes
         assert outputs[2].metrics.first_token_time > outputs[2].metrics.first_scheduled_time
 
@@ -57,7 +57,7 @@ def test_shared_prefixes_with_and_without_prefix_caching(hf_checkpoint, enable_p
               enable_prefix_caching=enable_prefix_caching)
     first = llm.generate(prompts[:1], GREEDY)  # computes and publishes the prefix blocks
     rest = llm.generate(prompts[1:], GREEDY)
-    assert [o.token_ids for o in first + rest] == hf_greedy(hf_model, prompts)
+    assert [o.outputs[0].token_ids for o in first + rest] == hf_greedy(hf_model, prompts)
 
 
 def test_preemption_keeps_every_token(llama_case):
@@ -66,7 +66,7 @@ def test_preemption_keeps_every_token(llama_case):
     llm = LLM(str(path), token_budget=16, block_size=4, num_kv_blocks=20)
     outputs = llm.generate(prompts, GREEDY)
     assert sum(o.metrics.num_preemptions for o in outputs) > 0
-    assert [o.token_ids for o in outputs] == expected
+    assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
 @pytest.mark.parametrize("family", ["qwen2", "opt", "llama3-rope"])
@@ -74,7 +74,7 @@ def test_other_families_generate_like_transformers_under_chunking(hf_checkpoint,
     path, hf_model = hf_checkpoint(family)
     prompts = random_prompts([11, 4, 23], hf_model.config.vocab_size, seed=2)
     llm = LLM(str(path), token_budget=7, block_size=4, num_kv_blocks=64)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == hf_greedy(hf_model, prompts)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == hf_greedy(hf_model, prompts)
 
 
 def test_engine_streams_one_token_per_step_and_aborts(hf_checkpoint):
@@ -96,7 +96,7 @@ def test_engine_streams_one_token_per_step_and_aborts(hf_checkpoint):
             assert engine.abort(dropped)
             aborted = True
     assert not engine.abort(dropped) and engine.stats().num_free_blocks == 64
-    assert streamed == finished.token_ids == hf_greedy(hf_model, prompts[:1])[0]
+    assert streamed == finished.outputs[0].token_ids == hf_greedy(hf_model, prompts[:1])[0]
 
 
 def test_generate_cli_on_the_bundled_checkpoint():

@@ -206,13 +206,13 @@ def test_generation_gpu_path_matches_reference_path(llama7b, monkeypatch):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 32000, (n,), generator=g).tolist() for n in (7, 129, 300, 513)]
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    fast = [o.token_ids for o in llm.generate(prompts, params)]  # decodes through the CUDA graphs
+    fast = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]  # decodes through the CUDA graphs
     sequences = [p + f[:-1] for p, f in zip(prompts, fast)]
     cfg = engine_.model_config
     fast_logits = [score(engine_.model, cfg, s, torch.bfloat16) for s in sequences]
     with monkeypatch.context() as mp:
         reference_path(mp, llm)
-        slow = [o.token_ids for o in llm.generate(prompts, params)]
+        slow = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         ref_logits = [score(engine_.model, cfg, s, torch.bfloat16) for s in sequences]
         fp32 = copy.deepcopy(engine_.model).float()
         true_logits = [score(fp32, cfg, s, torch.float32) for s in sequences]
@@ -318,7 +318,7 @@ def test_decode_passes_enqueued_ahead_match_plain_steps(llama7b):
                 engine_.abort(f"{pipeline}{abort}2")
             plans.append(engine_.scheduler.running and [r.request_id[-1] for r in engine_.scheduler.running])
             for out in engine_.step():
-                tokens[out.request_id[-1]] = out.token_ids
+                tokens[out.request_id[-1]] = out.outputs[0].token_ids
             step += 1
         engine_.pipeline_decodes = True
         return plans, tokens, {k: v - before[k] for k, v in engine_.pipeline_stats.items()}

@@ -18,7 +18,7 @@ def llm(hf_checkpoint):
 
 @pytest.fixture(scope="module")
 def alone(llm):
-    return [o.token_ids for o in llm.generate(GOOD, GREEDY)]
+    return [o.outputs[0].token_ids for o in llm.generate(GOOD, GREEDY)]
 
 
 @pytest.mark.parametrize("bad_prompt,bad_params,message", [
@@ -36,17 +36,17 @@ def alone(llm):
 def test_bad_prompt_fails_alone(llm, alone, bad_prompt, bad_params, message):
     outputs = llm.generate([GOOD[0], bad_prompt, GOOD[1]], [GREEDY, bad_params, GREEDY])
     bad = outputs[1]
-    assert bad.finish_reason == "error" and message in bad.error and bad.token_ids == []
-    assert [outputs[0].token_ids, outputs[2].token_ids] == alone
-    assert all(o.finish_reason == "length" and o.error is None for o in (outputs[0], outputs[2]))
+    assert bad.outputs[0].finish_reason == "error" and message in bad.error and bad.outputs[0].token_ids == []
+    assert [outputs[0].outputs[0].token_ids, outputs[2].outputs[0].token_ids] == alone
+    assert all(o.outputs[0].finish_reason == "length" and o.error is None for o in (outputs[0], outputs[2]))
 
 
 def test_mutated_sampling_params_are_checked_again(llm, alone):
     params = SamplingParams(temperature=0.5)
     params.top_p = 2.0  # dataclasses allow this; the engine re-validates its own copy
     outputs = llm.generate([GOOD[0], [7, 8]], [GREEDY, params])
-    assert outputs[1].finish_reason == "error" and "top_p" in outputs[1].error
-    assert outputs[0].token_ids == alone[0]
+    assert outputs[1].outputs[0].finish_reason == "error" and "top_p" in outputs[1].error
+    assert outputs[0].outputs[0].token_ids == alone[0]
 
 
 def test_engine_add_request_raises_value_error(llm):
@@ -67,7 +67,7 @@ def test_mismatched_sampling_params_list(llm):
     ({"model": "llama-9000"}, "unknown model 'llama-9000'.*tiny-llama"),
     ({"model": "tiny-llama", "scheduler": "fifo"}, "unknown scheduler 'fifo'"),
     ({"model": "tiny-llama", "dtype": "float8"}, "unknown dtype 'float8'"),
-    ({"model": "tiny-llama", "token_budget": 0}, "token_budget"),
+    ({"model": "tiny-llama", "token_budget": 0}, "max_num_batched_tokens.*--token-budget"),
 ])
 def test_bad_engine_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -35,7 +35,7 @@ def drive(engine: LLMEngine, events: dict[int, list]) -> tuple[dict, list]:
             else:
                 engine.abort(event[1])
         for out in engine.step():
-            results[out.request_id] = (out.token_ids, out.finish_reason)
+            results[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].finish_reason)
         step += 1
     return results, plans
 

@@ -184,7 +184,7 @@ def test_requests_that_can_never_fit_are_rejected_clearly(name):
 
 def test_prefill_first_needs_a_budget_that_covers_the_prompt():
     sched = make_scheduler("prefill-first", 100, 4, token_budget=8)
-    with pytest.raises(ValueError, match="token_budget"):
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
         sched.add(make_request("p", 9, 1))
 
 
@@ -213,7 +213,7 @@ def test_invalid_sampling_params_name_the_field(kwargs, field):
 def test_bad_scheduler_config_is_rejected():
     with pytest.raises(ValueError, match="unknown scheduler"):
         make_scheduler("fifo", 4, 4)
-    with pytest.raises(ValueError, match="token_budget"):
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
         make_scheduler("splitfuse", 4, 4, token_budget=0)
     with pytest.raises(ValueError, match="empty"):
         Request("e", [])

@@ -39,7 +39,7 @@ def test_graph_paths_sample_like_eager_path(max_tokens):
                 engine.add_request(arrivals[step], SamplingParams(max_tokens=8 + step, temperature=0,
                                                                   ignore_eos=True), request_id=str(step))
             for out in engine.step():
-                tokens[out.request_id] = out.token_ids
+                tokens[out.request_id] = out.outputs[0].token_ids
             step += 1
         return tokens, keys
 

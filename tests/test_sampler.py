@@ -99,14 +99,14 @@ def llm(hf_checkpoint):
 def test_seeded_generation_is_reproducible_across_batch_compositions(llm, hf_checkpoint):
     prompt = [5, 17, 33, 8, 90, 12, 4]
     params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
-    alone = llm.generate([prompt], params)[0].token_ids
+    alone = llm.generate([prompt], params)[0].outputs[0].token_ids
     filler = SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)
-    crowd = llm.generate([[9] * 30, prompt, [3, 4]], [filler, params, filler])[1].token_ids
+    crowd = llm.generate([[9] * 30, prompt, [3, 4]], [filler, params, filler])[1].outputs[0].token_ids
     other_engine = LLM(str(hf_checkpoint("llama-gqa")[0]), token_budget=5, block_size=4, num_kv_blocks=128,
                        seed=99)
-    assert alone == crowd == other_engine.generate([prompt], params)[0].token_ids
+    assert alone == crowd == other_engine.generate([prompt], params)[0].outputs[0].token_ids
     different_seed = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=4321, ignore_eos=True)
-    assert llm.generate([prompt], different_seed)[0].token_ids != alone
+    assert llm.generate([prompt], different_seed)[0].outputs[0].token_ids != alone
 
 
 def test_unseeded_requests_follow_the_engine_seed(hf_checkpoint):
@@ -116,7 +116,7 @@ def test_unseeded_requests_follow_the_engine_seed(hf_checkpoint):
 
     def run(seed):
         engine = LLM(path, block_size=4, num_kv_blocks=64, seed=seed)
-        return [o.token_ids for o in engine.generate(prompts, params)]
+        return [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
 
     assert run(0) == run(0) != run(1)
 
@@ -128,4 +128,4 @@ def test_seeded_tokens_survive_preemption(hf_checkpoint):
     roomy = LLM(path, token_budget=16, block_size=4, num_kv_blocks=128).generate(prompts, params)
     tight = LLM(path, token_budget=16, block_size=4, num_kv_blocks=16).generate(prompts, params)
     assert sum(o.metrics.num_preemptions for o in tight) > 0
-    assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]
+    assert [o.outputs[0].token_ids for o in tight] == [o.outputs[0].token_ids for o in roomy]

@@ -61,7 +61,7 @@ def test_openai_client_completions(served):
     prompt = prompt_ids(1, 12)
     reference = LLM.__new__(LLM)  # the offline pipeline on a twin engine (same seed, same weights)
     reference.engine = LLMEngine(MODEL, device="cpu", num_kv_blocks=64, seed=0)
-    expected = reference.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    expected = reference.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0]
 
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
                                     extra_body={"ignore_eos": True})

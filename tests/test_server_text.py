@@ -8,8 +8,8 @@ import httpx
 import pytest
 from serving import byte_tokenizer, serve_in_thread, wait_idle
 
+from engine.detokenize import Detokenizer
 from engine.server.app import create_app
-from engine.server.detokenize import Detokenizer
 from engine.server.engine_core import EngineSpec
 
 MODEL = "tiny-llama"

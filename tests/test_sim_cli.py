@@ -13,7 +13,7 @@ from sim.cli import simulate
 def test_writes_requests_summary_and_report(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(simulate, ["-n", "200", "--replicas", "2", "--seed", "1", "--out", str(out),
-                                           "--goodput", "ttft:1,tpot:0.1", "--warmup", "0.1"])
+                                           "--goodput", "ttft:1000", "tpot:100", "--warmup", "0.1"])
     assert result.exit_code == 0, result.output
     assert "effective throughput (FastGen)" in result.output and "goodput" in result.output
     df = pd.read_csv(out / "requests.csv")

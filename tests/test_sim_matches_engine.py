@@ -65,7 +65,7 @@ def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_si
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
-                outputs_seen[int(out.request_id)] = len(out.token_ids)
+                outputs_seen[int(out.request_id)] = len(out.outputs[0].token_ids)
     assert outputs_seen == dict(enumerate(outputs))
     return passes, requests, engine.max_model_len
 

@@ -71,8 +71,17 @@ def test_confidence_interval_covers_the_mean_over_seeds():
     assert ci.loc["x", "ci_low"] == pytest.approx(2.5 - 3.182446 * np.std([1, 2, 3, 4], ddof=1) / 2, rel=1e-5)
 
 
+def test_goodput_takes_vllms_syntax_and_milliseconds():
+    # vllm bench serve --goodput ttft:200 tpot:50: space-separated pairs, milliseconds (the old parser read seconds)
+    assert parse_goodput("ttft:200 tpot:50") == {"ttft": 0.2, "tpot": 0.05}
+    assert parse_goodput(["ttft:500", "e2el:10000"]) == {"ttft": 0.5, "e2e": 10.0}
+    with pytest.raises(ValueError, match="not comma-separated seconds"):
+        parse_goodput("ttft:2,tpot:0.1")  # the old form must not be read silently in new units
+    with pytest.raises(ValueError, match="must be >= 0 ms"):
+        parse_goodput("ttft:-1")
+
+
 def test_goodput_spec_errors_name_the_flag():
-    assert parse_goodput("ttft:0.5,e2e:10") == {"ttft": 0.5, "e2e": 10.0}
     with pytest.raises(ValueError, match="--goodput"):
         parse_goodput("ttft=0.5")
     with pytest.raises(ValueError, match="--goodput"):

@@ -16,7 +16,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     result = CliRunner().invoke(simulate_cli, ["-n", "300", "--replicas", "2", "--replications", "2", "--rate", "14",
                                                "--warmup", "0.1", "--out", str(out), "--report", "none",
-                                               "--token-times", "--goodput", "e2e:3"])
+                                               "--token-times", "--goodput", "e2el:3000"])
     assert result.exit_code == 0, result.output
     return out, pd.read_csv(out / "requests.csv"), json.loads((out / "summary.json").read_text())
 

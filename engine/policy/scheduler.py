@@ -54,7 +54,7 @@ class Scheduler:
     def __init__(self, config: PolicyConfig, num_kv_blocks: int, max_model_len: int | None = None) -> None:
         self.config = config
         self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        self.token_budget = config.token_budget
+        self.token_budget = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -99,15 +99,17 @@ class Scheduler:
         if sampled_token is not None:
             record_tokens((request,), (num_computed_tokens - 1,), (sampled_token,), 0.0)
 
-    def abort(self, request_id) -> Request | None:
-        """Drop a request wherever it is and free its blocks; returns it, or None if unknown."""
+    def abort(self, request_id, reason: str = "abort", now: float | None = None) -> Request | None:
+        """Drop a request wherever it is and free its blocks; returns it, or None if unknown. ``reason`` becomes its
+        ``finish_reason`` ("stop" when the engine found a stop string in its text), ``now`` its ``finish_time``."""
         for queue in (self.running, self.waiting):
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
                     self.block_manager.free(request)
                     request.state = RequestState.FINISHED
-                    request.finish_reason = "abort"
+                    request.finish_reason = reason
+                    request.finish_time = now
                     return request
         return None
 
@@ -337,8 +339,9 @@ class PrefillFirstScheduler(Scheduler):
         super().check(request)
         longest = request.num_prompt_tokens + request.max_tokens - 1  # a recompute after preemption
         if longest > self.token_budget:
-            raise ValueError(f"request {request.request_id!r}: {self.name} runs whole prompts, so token_budget "
-                             f"({self.token_budget}) must cover prompt + output - 1 = {longest} tokens")
+            raise ValueError(f"request {request.request_id!r}: {self.name} runs whole prompts, so "
+                             f"max_num_batched_tokens ({self.token_budget}) must cover prompt + output - 1 = {longest} "
+                             "tokens")
 
     def _schedule(self, now: float) -> BatchPlan | None:
         plan = BatchPlan()

@@ -5,7 +5,6 @@
 - ``engine_client``: ``EngineClient``, the API side of that loop: add/abort over a pipe, per-request token
   streams, 429 when the waiting queue is full, 503 when the engine is gone.
 - ``protocol``: OpenAI request bodies, their validation, and OpenAI-style error bodies (400 naming the field).
-- ``detokenize``: incremental detokenization and stop strings.
 - ``metrics``: Prometheus text exposition (histograms, counters, gauges).
 - ``app``: the FastAPI app (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
   ``/metrics``).

@@ -12,8 +12,8 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from engine.detokenize import Detokenizer
 from engine.prompts import check_prompt
-from engine.server.detokenize import Detokenizer
 from engine.server.engine_client import EngineClient, EngineDead, QueueFull, RequestStream
 from engine.server.engine_core import EngineSpec
 from engine.server.metrics import CONTENT_TYPE

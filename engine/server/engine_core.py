@@ -71,7 +71,7 @@ class PassTrace:
                 self.requests.append({"kind": "request", "id": output.request_id, "received": received,
                                       "added": added,
                                       "token_times": self.tokens.pop(output.request_id),
-                                      "finish_reason": output.finish_reason})
+                                      "finish_reason": output.outputs[0].finish_reason})
 
     def write(self) -> None:
         with open(self.path, "w") as f:
@@ -195,7 +195,7 @@ def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None)
             m = output.metrics
             queue_time = None if m is None or m.first_scheduled_time is None else \
                 m.first_scheduled_time - m.arrival_time
-            items.append((output.request_id, output.new_token_ids, output.finished, output.finish_reason,
+            items.append((output.request_id, output.new_token_ids, output.finished, output.outputs[0].finish_reason,
                           queue_time))
         if items or passes:  # a pass that scheduled nothing has nothing to say
             out_conn.send(("out", items, passes, engine_stats(engine, busy_s)))

@@ -1,4 +1,5 @@
-"""Incremental detokenization (text deltas as tokens arrive) and stop strings."""
+"""Incremental detokenization (text deltas as tokens arrive) and stop strings: the one implementation for the
+server's streams and the engine's outputs (``LLMEngine`` ends a request whose text reaches a stop string)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Detokenizer:
         self.text = ""  # all text decoded so far
         self.sent = 0  # characters of ``text`` already emitted
         self.stopped = False
+        self.stop_reason: str | None = None  # the stop string that ended the text
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -37,10 +39,11 @@ class Detokenizer:
             if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
                 self.text += full[len(prefix):]
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
-        hits = [at for s in self.stop if (at := self.text.find(s, max(0, self.sent - len(s) + 1))) != -1]
+        hits = [(at, s) for s in self.stop if (at := self.text.find(s, max(0, self.sent - len(s) + 1))) != -1]
         if hits:
+            at, self.stop_reason = min(hits)
             self.stopped = True
-            self.text = self.text[:min(hits)]
+            self.text = self.text[:at]
         end = len(self.text) if final or self.stopped else max(self.sent, len(self.text) - self.holdback)
         delta, self.sent = self.text[self.sent:end], end
         return delta
