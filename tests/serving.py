@@ -7,16 +7,20 @@ import contextlib
 import threading
 import time
 
+from engine.server.config import ServerConfig
 from engine.server.router import free_port
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0):
-    import uvicorn
+def serve_in_thread(app, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0,
+                    config: ServerConfig | None = None):
+    """``app`` served as ``splitfuse serve`` serves it (its connection limits from ``config``; a short shutdown
+    timeout by default)."""
+    from engine.server.http import make_server
 
     port = port or free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=2))
+    service = getattr(app.state, "server", None)
+    server = make_server(app, host, port, "warning", config or ServerConfig(shutdown_timeout=1.0), service)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

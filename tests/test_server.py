@@ -124,7 +124,7 @@ def test_200_concurrent_streams_finish_and_return_to_idle(served):
     asyncio.run(many_streams(url, 20, 4))  # warm up allocator pools and import paths
     wait_idle(server)
     gc.collect()
-    engine_pid = server.loop.stats()["engine_pid"]
+    engine_pid = server.loop.info["pid"]
     idle_rss, idle_engine_rss = rss_bytes(), rss_bytes(engine_pid)
     busy = metric(url, "splitfuse_engine_busy_seconds_total")
 

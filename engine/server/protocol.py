@@ -7,7 +7,7 @@ Every rejection is an ``APIError`` with the HTTP status and the offending field 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,17 +24,23 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
 
 
+MAX_TEMPERATURE = 2.0  # OpenAI's range; beyond it sampling is noise
+MAX_STOP = 64  # stop strings (and stop token ids) per request: each is checked at every new token
+MAX_STOP_CHARS = 1024
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)  # what torch's generator takes
     n: int = 1
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: dict | None = None
     presence_penalty: float = 0.0
@@ -42,7 +48,7 @@ class _Body(BaseModel):
     # vLLM's extensions
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
 
     # fields accepted only at their default (the engine has no such feature)
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("n", "presence_penalty", "frequency_penalty", "echo", "logprobs")
@@ -127,12 +133,17 @@ def parse_body(raw: bytes, model_cls: type[_Body]) -> _Body:
     text = raw.decode("utf-8", errors="surrogateescape")
     try:
         obj = json.loads(text)
+    except RecursionError:
+        raise APIError("malformed JSON body: nested too deeply", param="body") from None
     except json.JSONDecodeError as e:
         if _has_surrogate(text):
             raise APIError("request body is not valid UTF-8", param="body") from None
         raise APIError(f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}", param="body") from None
     if _has_surrogate(text):
-        bad = _surrogate_path(obj)
+        try:
+            bad = _surrogate_path(obj)
+        except RecursionError:
+            bad = None
         raise APIError("request body is not valid UTF-8" + (f" (in field {bad!r})" if bad else ""),
                        param=bad or "body")
     if not isinstance(obj, dict):
@@ -140,11 +151,12 @@ def parse_body(raw: bytes, model_cls: type[_Body]) -> _Body:
     try:
         body = model_cls.model_validate(obj)
     except ValidationError as e:
-        err = e.errors()[0]
+        errors = e.errors()  # of a union's branches, the one that says more than "not this type"
+        err = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
         param = _field_path(err["loc"])
         if err["type"] == "missing":
             raise APIError(f"{param} is required", param=param) from None
-        raise APIError(f"{param}: {err['msg']} (got {err.get('input')!r})", param=param) from None
+        raise APIError(f"{param}: {err['msg']} (got {_short(err.get('input'))})", param=param) from None
     for name in model_cls.UNSUPPORTED:
         if name not in model_cls.model_fields:
             continue
@@ -152,6 +164,11 @@ def parse_body(raw: bytes, model_cls: type[_Body]) -> _Body:
         if getattr(body, name) not in (default, None):
             raise APIError(f"{name}={getattr(body, name)!r} is not supported (only {default!r})", param=name)
     return body
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _has_surrogate(text: str) -> bool:
@@ -164,7 +181,7 @@ def _field_path(loc) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "int", "float", "bool") or "[" in part:
+        elif part in ("str", "int", "float", "bool") or "[" in part or "-" in part:
             break
         else:
             out += f".{part}" if out else part
