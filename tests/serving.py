@@ -62,3 +62,16 @@ def byte_tokenizer():
     t = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     t.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
     return t
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """The sum of the samples of ``name`` on ``url``'s /metrics whose labels include ``labels``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == name and labels.items() <= s.labels.items()]
+    if not values:
+        raise KeyError(name)
+    return sum(values)

@@ -15,6 +15,7 @@ import time
 import httpx
 import psutil
 import pytest
+from serving import metric
 
 from engine.server.router import free_port
 
@@ -72,25 +73,23 @@ def engine_process(url: str, replica: dict) -> psutil.Process:
     return children[0]
 
 
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
-
-
 def served_by(replica_url: str) -> float:
-    return metric(replica_url, "splitfuse_requests_length_total")
+    return metric(replica_url, "vllm:request_success_total", finished_reason="length")
 
 
-def test_round_robin_spreads_requests(router):
+def test_round_robin_spreads_requests_and_the_router_aggregates_metrics(router):
     before = [served_by(r["url"]) for r in replicas(router)]
+    fleet = served_by(router)  # the replicas' metrics, each labelled with its replica
     for i in range(9):
         r = httpx.post(router + "/v1/completions", json={"model": MODEL, "prompt": [3 + i, 4], "max_tokens": 2},
                        timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 2
     after = [served_by(r["url"]) for r in replicas(router)]
     assert [a - b for a, b in zip(after, before)] == [3, 3, 3]
+    assert served_by(router) - fleet == 9
+    for r in replicas(router):
+        assert metric(router, "vllm:request_success_total", finished_reason="length", replica=str(r["index"])) \
+            == served_by(r["url"])
 
 
 async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, int, str]:

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import psutil
-from serving import serve_in_thread
+from serving import metric, serve_in_thread
 
 from engine.server.app import create_app
 from engine.server.engine_core import EngineSpec
@@ -108,9 +108,7 @@ def test_in_thread_engine_still_serves():
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 4
         assert not engine.has_unfinished() and engine.stats().num_free_blocks == 64
-        busy = [line for line in httpx.get(url + "/metrics").text.splitlines()
-                if line.startswith("splitfuse_engine_busy_seconds_total ")]
-        assert len(busy) == 1 and float(busy[0].split()[1]) > 0
+        assert metric(url, "splitfuse_engine_busy_seconds_total") > 0
 
 
 def test_server_exits_nonzero_when_its_engine_dies_and_ends_streams_with_an_error():

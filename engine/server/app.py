@@ -56,7 +56,7 @@ class Server:
         self.names = {model_name, *aliases}
         self.draining = False
         self.on_fatal = None  # set by the HTTP server: stop it, exit non-zero (the engine died)
-        self.loop = EngineClient(engine, max_waiting=max_waiting)
+        self.loop = EngineClient(engine, max_waiting=max_waiting, model_name=model_name)
         self.loop.on_dead = self._engine_died
         info = self.loop.launch()
         override = engine.tokenizer if isinstance(engine, EngineSpec) else None

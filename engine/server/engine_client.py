@@ -94,11 +94,12 @@ def _widen(conn) -> None:
 class EngineClient:
     """Start/stop, add/abort, stats and metrics of one engine, in its own process or in a thread here."""
 
-    def __init__(self, engine, max_waiting: int = 1024) -> None:
-        """``engine``: an ``EngineSpec`` (its process is started by ``launch``) or a built ``LLMEngine``."""
+    def __init__(self, engine, max_waiting: int = 1024, model_name: str = "") -> None:
+        """``engine``: an ``EngineSpec`` (its process is started by ``launch``) or a built ``LLMEngine``;
+        ``model_name`` labels its metrics."""
         self.engine = engine
         self.max_waiting = max_waiting
-        self.metrics = ServingMetrics(self.stats)
+        self.metrics = ServingMetrics(self.stats, model_name)
         self.error: BaseException | None = None
         self.on_dead = None  # called once when the engine fails
         self.info: dict = {}

@@ -26,13 +26,15 @@ from dataclasses import dataclass
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.config import EngineConfig
 from engine.policy import PolicyConfig, ReplicaLoad, make_balancer
 from engine.policy.options import config_flags
 from engine.server.config import ServerConfig
 from engine.server.guards import error_response, fastapi_options, install_guards
-from engine.server.metrics import CONTENT_TYPE
+from engine.server.metrics import CONTENT_TYPE, ReplicaMetrics
 from engine.server.protocol import APIError
 
 RETRY_STATUSES = (429, 503)
@@ -94,6 +96,10 @@ class Router:
         self.draining = False
         self.on_fatal = None  # unused: the router itself survives its replicas
         self.client: httpx.AsyncClient | None = None
+        self.replica_metrics = ReplicaMetrics()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        self.registry.register(self.replica_metrics)
 
     async def start(self) -> None:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
@@ -231,21 +237,34 @@ class Router:
             release()
             await resp.aclose()
 
-    def render_metrics(self) -> str:
-        lines = []
+    def collect(self):
+        """The router's own metrics (a prometheus_client collector): per replica, and retries/broken streams."""
         for name, help, get in (
                 ("healthy", "1 when the replica is in rotation.", lambda r: int(r.healthy)),
+                ("restarts", "Times the replica was restarted.", lambda r: r.restarts),
                 ("outstanding_requests", "Requests sent and not finished.", lambda r: r.outstanding_requests),
                 ("outstanding_tokens", "Prompt + requested tokens outstanding.", lambda r: r.outstanding_tokens),
                 ("kv_usage", "KV use at the last health check.", lambda r: r.kv_usage)):
-            lines += [f"# HELP splitfuse_router_replica_{name} {help}", f"# TYPE splitfuse_router_replica_{name} gauge"]
-            lines += [f'splitfuse_router_replica_{name}{{replica="{r.index}"}} {get(r)}' for r in self.replicas]
-        lines += ["# HELP splitfuse_router_retries_total Requests retried on another replica.",
-                  "# TYPE splitfuse_router_retries_total counter", f"splitfuse_router_retries_total {self.retries}",
-                  "# HELP splitfuse_router_broken_streams_total Streams cut by a replica failure mid-stream.",
-                  "# TYPE splitfuse_router_broken_streams_total counter",
-                  f"splitfuse_router_broken_streams_total {self.broken_streams}"]
-        return "\n".join(lines) + "\n"
+            g = GaugeMetricFamily(f"splitfuse_router_replica_{name}", help, labels=["replica"])
+            for r in self.replicas:
+                g.add_metric([str(r.index)], get(r))
+            yield g
+        yield CounterMetricFamily("splitfuse_router_retries", "Requests retried on another replica.",
+                                  value=self.retries)
+        yield CounterMetricFamily("splitfuse_router_broken_streams", "Streams cut by a replica failure mid-stream.",
+                                  value=self.broken_streams)
+
+    async def render_metrics(self) -> str:
+        """The router's metrics and every live replica's (scraped now), labelled ``replica``."""
+
+        async def scrape(r: Replica) -> None:
+            try:
+                self.replica_metrics.texts[r.index] = (await self.client.get(r.url + "/metrics", timeout=5)).text
+            except httpx.HTTPError:
+                self.replica_metrics.texts.pop(r.index, None)
+
+        await asyncio.gather(*(scrape(r) for r in self.replicas if not r.dead and not r.exited()))
+        return generate_latest(self.registry).decode()
 
 
 def create_router_app(router: Router, config: ServerConfig | None = None) -> FastAPI:
@@ -290,7 +309,7 @@ def create_router_app(router: Router, config: ServerConfig | None = None) -> Fas
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(router.render_metrics(), media_type=CONTENT_TYPE)
+        return PlainTextResponse(await router.render_metrics(), media_type=CONTENT_TYPE)
 
     return app
 
