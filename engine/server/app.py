@@ -62,6 +62,7 @@ class Server:
         override = engine.tokenizer if isinstance(engine, EngineSpec) else None
         self.tokenizer = override if override is not None else info["tokenizer"]
         self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
+        self._token_chars: tuple[object, int] = (None, 0)  # (tokenizer, its longest vocabulary entry)
 
     def tokenize(self, prompt) -> list[int]:
         return check_prompt(prompt, self.tokenizer, self.vocab_size)
@@ -88,15 +89,34 @@ class Server:
             raise APIError(f"The model `{body.model}` does not exist; this server serves {self.model_name!r}",
                            param="model", status=404, type="not_found_error")
 
+    def _check_text_length(self, n_chars: int, field: str) -> None:
+        """A text far longer than the context could hold is refused before it is tokenized (tokenizing 10 MB
+        takes many seconds of CPU): no token of this tokenizer is longer than its longest vocabulary entry, and a
+        4x slack covers normalizers that drop characters."""
+        if self.tokenizer is None:
+            return
+        if self._token_chars[0] is not self.tokenizer:
+            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+            self._token_chars = (self.tokenizer, max(map(len, vocab), default=64))
+        bound = self.max_model_len * self._token_chars[1] * 4
+        if n_chars > bound:
+            raise APIError(f"{field} has {n_chars} characters, more than the model's context of "
+                           f"{self.max_model_len} tokens can hold", param=field)
+
     def _prompt_ids(self, body, field: str) -> list[int]:
         if isinstance(body, ChatRequest):
             if self.tokenizer is None:
                 raise APIError("this model has no tokenizer, so chat is unavailable; use /v1/completions with "
                                "token ids", param="messages")
-            ids = render_chat(self.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            self._check_text_length(sum(len(m["content"]) for m in messages), field)
+            ids = render_chat(self.tokenizer, messages)
         else:
+            prompt = body.single_prompt()
+            if isinstance(prompt, str):
+                self._check_text_length(len(prompt), field)
             try:
-                ids = self.tokenize(body.single_prompt())
+                ids = self.tokenize(prompt)
             except ValueError as e:
                 raise APIError(str(e), param=field) from None
         if len(ids) >= self.max_model_len:

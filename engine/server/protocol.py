@@ -130,16 +130,19 @@ def _surrogate_path(obj, path: str = "") -> str | None:
 
 def parse_body(raw: bytes, model_cls: type[_Body]) -> _Body:
     """Decode, parse and validate a request body; ``APIError`` naming the field on any problem."""
-    text = raw.decode("utf-8", errors="surrogateescape")
+    try:
+        text, invalid_utf8 = raw.decode("utf-8"), False
+    except UnicodeDecodeError:  # decoded again keeping the bad bytes, to name the field that holds them
+        text, invalid_utf8 = raw.decode("utf-8", errors="surrogateescape"), True
     try:
         obj = json.loads(text)
     except RecursionError:
         raise APIError("malformed JSON body: nested too deeply", param="body") from None
     except json.JSONDecodeError as e:
-        if _has_surrogate(text):
+        if invalid_utf8:
             raise APIError("request body is not valid UTF-8", param="body") from None
         raise APIError(f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}", param="body") from None
-    if _has_surrogate(text):
+    if invalid_utf8:
         try:
             bad = _surrogate_path(obj)
         except RecursionError:
@@ -169,10 +172,6 @@ def parse_body(raw: bytes, model_cls: type[_Body]) -> _Body:
 def _short(value, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
-def _has_surrogate(text: str) -> bool:
-    return any("\udc80" <= ch <= "\udcff" for ch in text)
 
 
 def _field_path(loc) -> str:
