@@ -19,10 +19,11 @@ from engine.server.engine_client import EngineClient, EngineDead, QueueFull, Req
 from engine.server.engine_core import EngineSpec
 from engine.server.guards import error_response, fastapi_options, install_guards
 from engine.server.metrics import CONTENT_TYPE
-from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_body
+from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_checked
+from engine.server.workers import ParserPool
 
 DISCONNECT_POLL_S = 0.2
-OFFLOAD_BYTES = 64 << 10  # bodies larger than this are parsed and tokenized in a worker thread, off the event loop
+OFFLOAD_BYTES = 64 << 10  # larger bodies: parsed in a worker process, tokenized in a thread (off the event loop)
 
 
 def _sse(obj) -> bytes:
@@ -63,6 +64,7 @@ class Server:
         self.tokenizer = override if override is not None else info["tokenizer"]
         self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
         self._token_chars: tuple[object, int] = (None, 0)  # (tokenizer, its longest vocabulary entry)
+        self.parsers = ParserPool()
 
     def tokenize(self, prompt) -> list[int]:
         return check_prompt(prompt, self.tokenizer, self.vocab_size)
@@ -89,34 +91,26 @@ class Server:
             raise APIError(f"The model `{body.model}` does not exist; this server serves {self.model_name!r}",
                            param="model", status=404, type="not_found_error")
 
-    def _check_text_length(self, n_chars: int, field: str) -> None:
-        """A text far longer than the context could hold is refused before it is tokenized (tokenizing 10 MB
-        takes many seconds of CPU): no token of this tokenizer is longer than its longest vocabulary entry, and a
-        4x slack covers normalizers that drop characters."""
+    def max_prompt_chars(self) -> int | None:
+        """Most characters a prompt that fits the context can have: no token of this tokenizer is longer than its
+        longest vocabulary entry, and a 4x slack covers normalizers that drop characters. A longer text is refused
+        before tokenizing (10 MB take many seconds of CPU)."""
         if self.tokenizer is None:
-            return
+            return None
         if self._token_chars[0] is not self.tokenizer:
             vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
             self._token_chars = (self.tokenizer, max(map(len, vocab), default=64))
-        bound = self.max_model_len * self._token_chars[1] * 4
-        if n_chars > bound:
-            raise APIError(f"{field} has {n_chars} characters, more than the model's context of "
-                           f"{self.max_model_len} tokens can hold", param=field)
+        return self.max_model_len * self._token_chars[1] * 4
 
     def _prompt_ids(self, body, field: str) -> list[int]:
         if isinstance(body, ChatRequest):
             if self.tokenizer is None:
                 raise APIError("this model has no tokenizer, so chat is unavailable; use /v1/completions with "
                                "token ids", param="messages")
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            self._check_text_length(sum(len(m["content"]) for m in messages), field)
-            ids = render_chat(self.tokenizer, messages)
+            ids = render_chat(self.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
         else:
-            prompt = body.single_prompt()
-            if isinstance(prompt, str):
-                self._check_text_length(len(prompt), field)
             try:
-                ids = self.tokenize(prompt)
+                ids = self.tokenize(body.single_prompt())
             except ValueError as e:
                 raise APIError(str(e), param=field) from None
         if len(ids) >= self.max_model_len:
@@ -248,7 +242,8 @@ class Server:
         try:
             raw = await request.body()
             big = len(raw) > OFFLOAD_BYTES
-            body = await off_loop(big, parse_body, raw, cls)
+            args = (raw, cls, self.max_model_len, self.max_prompt_chars())
+            body = await self.parsers.run(parse_checked, *args) if big else parse_checked(*args)
             stream, _ = await self.submit(body, field, big)
         except APIError as e:
             return error_response(e)
@@ -270,6 +265,7 @@ def create_app(engine, model_name: str, max_waiting: int = 1024, config: ServerC
         await server.loop.start()
         yield
         await server.loop.stop()
+        server.parsers.shutdown()
 
     app = FastAPI(title="splitfuse", lifespan=lifespan, **fastapi_options(config))
     app.state.server = server

@@ -23,6 +23,9 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
 
+    def __reduce__(self):  # whole across processes (the body parser's worker)
+        return APIError, (self.message, self.param, self.status, self.type)
+
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range; beyond it sampling is noise
 MAX_STOP = 64  # stop strings (and stop token ids) per request: each is checked at every new token
@@ -185,3 +188,32 @@ def _field_path(loc) -> str:
         else:
             out += f".{part}" if out else part
     return out
+
+
+def check_prompt_size(body: _Body, max_model_len: int, max_chars: int | None) -> None:
+    """``APIError`` for a prompt that can never fit the context, found without tokenizing: more token ids than
+    ``max_model_len - 1``, or (``max_chars``: what the context can hold at most) more characters of text."""
+    field = "messages" if isinstance(body, ChatRequest) else "prompt"
+    if isinstance(body, ChatRequest):
+        n_chars = sum(len(m.content) if isinstance(m.content, str) else
+                      sum(len(str(p.get("text", ""))) for p in m.content) for m in body.messages if m.content)
+    else:
+        prompt = body.single_prompt()
+        if not isinstance(prompt, str):
+            if len(prompt) >= max_model_len:
+                raise APIError(f"{field} has {len(prompt)} tokens but the model's context is {max_model_len} "
+                               f"(prompt + at least one new token must fit)", param=field)
+            return
+        n_chars = len(prompt)
+    if max_chars is not None and n_chars > max_chars:
+        raise APIError(f"{field} has {n_chars} characters, more than the model's context of {max_model_len} "
+                       f"tokens can hold", param=field)
+
+
+def parse_checked(raw: bytes, model_cls: type[_Body], max_model_len: int, max_chars: int | None) -> _Body:
+    """``parse_body`` and ``check_prompt_size``: what the server's body-parser process runs for a big body, so
+    that only bodies whose prompt may fit come back (a 10 MB one never crosses back, nor holds the API
+    process's GIL while it is parsed)."""
+    body = parse_body(raw, model_cls)
+    check_prompt_size(body, max_model_len, max_chars)
+    return body

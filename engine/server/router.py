@@ -36,6 +36,7 @@ from engine.server.config import ServerConfig
 from engine.server.guards import error_response, fastapi_options, install_guards
 from engine.server.metrics import CONTENT_TYPE, ReplicaMetrics
 from engine.server.protocol import APIError
+from engine.server.workers import die_with_parent
 
 RETRY_STATUSES = (429, 503)
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before the 1st, 2nd, ... restart of a replica
@@ -64,7 +65,7 @@ class Replica:
         return self.process is not None and self.process.poll() is not None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.command, env=self.env, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(self.command, env=self.env, preexec_fn=die_with_parent)
 
     def info(self) -> dict:
         return {"index": self.index, "url": self.url, "healthy": self.healthy, "dead": self.dead,
@@ -319,14 +320,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Linux: the replica gets SIGTERM when the router process dies, even by SIGKILL."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def replica_slots(device: str, replicas: int) -> list[dict]:
