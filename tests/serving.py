@@ -4,6 +4,9 @@ and a byte-level tokenizer for models that ship none."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -75,3 +78,26 @@ def metric(url: str, name: str, **labels) -> float:
     if not values:
         raise KeyError(name)
     return sum(values)
+
+
+def start_cli(*flags: str, model: str = "tiny-llama", env: dict | None = None,
+              timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """``splitfuse serve MODEL --device cpu --threads 1 FLAGS`` in a process of its own on a free port; returns
+    (process, url) once its /health answers 200."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine.server.cli", model, "--port", str(port), "--device", "cpu",
+           "--threads", "1", *flags]
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, "the server exited while starting"
+        assert time.monotonic() < deadline, "the server did not start"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)

@@ -9,15 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
 import psutil
 import pytest
-from serving import metric
-
-from engine.server.router import free_port
+from serving import metric, start_cli
 
 MODEL = "tiny-llama"
 MAX_TOKENS = 80
@@ -27,23 +24,9 @@ RESTART_BUDGET_S = 60.0  # 1 s backoff + a replica's start on a shared 2-core CI
 
 @pytest.fixture(scope="module")
 def router():
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine.server.cli", MODEL, "--port", str(port), "--replicas", "3",
-           "--balancer", "round-robin", "--device", "cpu", "--num-kv-blocks", "512", "--threads", "1",
-           "--kv-report-interval", "0.2"]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_cli("--replicas", "3", "--balancer", "round-robin", "--num-kv-blocks", "512",
+                          "--kv-report-interval", "0.2", timeout=120)
     ROUTERS[url] = proc
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, "the router exited while starting"
-        assert time.monotonic() < deadline, "the router did not start"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
     yield url
     pids = [replica_process(url, r).pid for r in replicas(url)]
     proc.send_signal(signal.SIGTERM)

@@ -5,22 +5,18 @@ limit (``--limit-concurrency``), and a graceful stop on SIGTERM (``--shutdown-ti
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from serving import serve_in_thread
+from serving import serve_in_thread, start_cli
 
 from engine.server.app import create_app
 from engine.server.config import ServerConfig
 from engine.server.engine_core import EngineSpec
-from engine.server.router import free_port
 
 MODEL = "tiny-llama"
 KEY = "sk-test"
@@ -111,24 +107,6 @@ def test_connection_limit_answers_503_beyond_it(url):
     assert httpx.get(url + "/health").status_code == 200  # served again once they are gone
 
 
-def start_cli(*flags: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine.server.cli", MODEL, "--port", str(port), "--device", "cpu",
-           "--num-kv-blocks", "256", "--threads", "1", *flags]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, "the server exited while starting"
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-
-
 def read_stream(url: str, body: dict, headers: dict, events: list) -> None:
     """Appends (arrival time, data) of each SSE event to ``events`` as it comes."""
     with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, headers=headers,
@@ -139,7 +117,7 @@ def read_stream(url: str, body: dict, headers: dict, events: list) -> None:
 
 
 def test_sigterm_drains_then_ends_the_rest_with_abort_and_done():
-    proc, url = start_cli("--shutdown-timeout", "2", env={"VLLM_API_KEY": KEY})
+    proc, url = start_cli("--num-kv-blocks", "256", "--shutdown-timeout", "2", env={"VLLM_API_KEY": KEY})
     try:
         assert httpx.post(url + "/v1/completions", json=BODY).status_code == 401  # the key came from the env
         long, short = [[], [], []], []

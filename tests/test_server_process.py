@@ -7,16 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
 import psutil
-from serving import metric, serve_in_thread
+from serving import metric, serve_in_thread, start_cli
 
 from engine.server.app import create_app
 from engine.server.engine_core import EngineSpec
-from engine.server.router import free_port
 
 MODEL = "tiny-llama"
 BODY = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True}
@@ -37,21 +35,7 @@ def parent_of(pid: int) -> int:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine.server.cli", MODEL, "--port", str(port), "--device", "cpu",
-           "--num-kv-blocks", "64", "--threads", "1"]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, "the server exited while starting"
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    return start_cli("--num-kv-blocks", "64")
 
 
 def engine_pid_of(pid: int) -> int:
