@@ -137,3 +137,15 @@ def test_killed_engine_loses_no_request_silently_and_its_replica_comes_back(rout
                        timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3
     assert served_by(victim["url"]) - before == 2
+
+
+def test_the_router_answers_errors_as_a_server_does(router):
+    """The router has the server's guards (OpenAI error objects, 404/415/431) and relays the replicas' 404."""
+    body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 2}
+    for r, status in ((httpx.get(router + "/v1/nothing"), 404),
+                      (httpx.post(router + "/v1/completions", content=json.dumps(body),
+                                  headers={"content-type": "text/plain"}), 415),
+                      (httpx.post(router + "/v1/completions", json=body, headers={"x-big": "a" * 65536}), 431),
+                      (httpx.post(router + "/v1/completions", json={**body, "model": "gpt-9"}), 404)):
+        assert r.status_code == status and r.json()["error"]["code"] == status, r.text
+    assert not any("pid" in key for replica in replicas(router) for key in replica)
