@@ -34,8 +34,8 @@ def parent_of(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
-    return start_cli("--num-kv-blocks", "64")
+def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
+    return start_cli("--num-kv-blocks", "64", *flags)
 
 
 def engine_pid_of(pid: int) -> int:
@@ -46,8 +46,12 @@ def engine_pid_of(pid: int) -> int:
 
 
 def test_engine_process_is_separate_and_dies_with_the_api_process():
-    proc, url = start_server()
+    # vLLM's engine flags reach the engine process (the last two have no effect on the CPU but are accepted)
+    proc, url = start_server("--max-model-len", "100", "--enforce-eager", "--gpu-memory-utilization", "0.5")
     try:
+        assert httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"] == 100
+        r = httpx.post(url + "/v1/completions", json={**BODY, "max_tokens": 98})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
         engine_pid = engine_pid_of(proc.pid)
         assert engine_pid != proc.pid and parent_of(engine_pid) == proc.pid
         r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
