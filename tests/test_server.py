@@ -9,7 +9,7 @@ import json
 
 import httpx
 import pytest
-from serving import byte_tokenizer, serve_in_thread, wait_idle
+from serving import byte_tokenizer, metric, serve_in_thread, wait_idle
 
 from engine.llm import LLM, LLMEngine
 from engine.policy import SamplingParams
@@ -37,13 +37,6 @@ def prompt_ids(i: int, n: int) -> list[int]:
 
 def server_stats(server) -> dict:
     return server.loop.stats()
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -124,7 +117,7 @@ def test_200_concurrent_streams_finish_and_return_to_idle(served):
     asyncio.run(many_streams(url, 20, 4))  # warm up allocator pools and import paths
     wait_idle(server)
     gc.collect()
-    engine_pid = server.loop.stats()["engine_pid"]
+    engine_pid = server.loop.info["pid"]
     idle_rss, idle_engine_rss = rss_bytes(), rss_bytes(engine_pid)
     busy = metric(url, "splitfuse_engine_busy_seconds_total")
 
@@ -138,7 +131,7 @@ def test_200_concurrent_streams_finish_and_return_to_idle(served):
 
     wait_idle(server)
     assert metric(url, "splitfuse_kv_free_blocks") == NUM_BLOCKS
-    assert metric(url, "splitfuse_running") == 0 and metric(url, "splitfuse_waiting") == 0
+    assert metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:num_requests_waiting") == 0
     assert metric(url, "splitfuse_engine_busy_seconds_total") > busy  # the passes of those 203 requests
     assert not server.loop._streams and not server.loop._timing
     gc.collect()
@@ -160,7 +153,7 @@ async def disconnect_after(url: str, i: int, chunks: int) -> None:
 def test_disconnect_mid_stream_frees_blocks_at_once(served):
     url, server = served
     wait_idle(server)
-    aborted = metric(url, "splitfuse_requests_abort_total")
+    aborted = metric(url, "vllm:request_success_total", finished_reason="abort")
 
     async def run():
         await asyncio.gather(*(disconnect_after(url, i, 2 + i % 3) for i in range(16)))
@@ -168,7 +161,7 @@ def test_disconnect_mid_stream_frees_blocks_at_once(served):
     asyncio.run(run())
     # 16 requests of 900 tokens would take many seconds; aborted, the engine is idle almost at once
     assert wait_idle(server, timeout=3.0) < 3.0
-    assert metric(url, "splitfuse_requests_abort_total") - aborted == 16
+    assert metric(url, "vllm:request_success_total", finished_reason="abort") - aborted == 16
     assert server_stats(server)["kv_free_blocks"] == NUM_BLOCKS
 
 
@@ -179,3 +172,27 @@ def test_non_streaming_client_timeout_aborts(served):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/completions", json=body, timeout=0.5)
     assert wait_idle(server, timeout=3.0) < 3.0
+
+
+def test_vllm_metric_names_and_labels(served):
+    url, server = served
+    labels = {"model_name": MODEL}
+    before = {name: metric(url, name, **labels) for name in
+              ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_count",
+               "vllm:time_to_first_token_seconds_count", "vllm:time_per_output_token_seconds_count")}
+    length = metric(url, "vllm:request_success_total", finished_reason="length", **labels)
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt_ids(2, 7), "max_tokens": 5,
+                                                   "ignore_eos": True})
+    assert r.status_code == 200
+    after = {name: metric(url, name, **labels) for name in before}
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == 7
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 5
+    assert after["vllm:e2e_request_latency_seconds_count"] - before["vllm:e2e_request_latency_seconds_count"] == 1
+    assert after["vllm:time_to_first_token_seconds_count"] - before["vllm:time_to_first_token_seconds_count"] == 1
+    assert after["vllm:time_per_output_token_seconds_count"] - before["vllm:time_per_output_token_seconds_count"] \
+        >= 1
+    assert metric(url, "vllm:request_success_total", finished_reason="length", **labels) - length == 1
+    wait_idle(server)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc"):
+        assert metric(url, name, **labels) == 0

@@ -1,5 +1,5 @@
 """The OpenAI-compatible FastAPI app over one ``LLMEngine``: completions and chat (streaming or not), models,
-health and Prometheus metrics."""
+health and Prometheus metrics; errors, limits, auth and CORS from ``guards``, a graceful drain on shutdown."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from engine.detokenize import Detokenizer
 from engine.prompts import check_prompt
-from engine.server.engine_client import EngineClient, EngineDead, QueueFull, RequestStream
+from engine.server.config import ServerConfig
+from engine.server.engine_client import EngineClient, EngineDead, QueueFull, RequestStream, ServerShutdown
 from engine.server.engine_core import EngineSpec
+from engine.server.guards import error_response, fastapi_options, install_guards
 from engine.server.metrics import CONTENT_TYPE
-from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_body
+from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_checked
+from engine.server.workers import ParserPool
 
 DISCONNECT_POLL_S = 0.2
-
-
-def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+OFFLOAD_BYTES = 64 << 10  # larger bodies: parsed in a worker process, tokenized in a thread (off the event loop)
 
 
 def _sse(obj) -> bytes:
@@ -41,27 +41,66 @@ def render_chat(tokenizer, messages: list[dict]) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+async def off_loop(big: bool, fn, *args):
+    """``fn(*args)``, in a worker thread when the input is big (the event loop keeps answering meanwhile)."""
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
 class Server:
     """Turns validated OpenAI requests into engine requests and engine outputs into OpenAI responses."""
 
-    def __init__(self, engine, model_name: str, max_waiting: int = 1024) -> None:
+    def __init__(self, engine, model_name: str, max_waiting: int = 1024, aliases: tuple[str, ...] = ()) -> None:
         """``engine``: an ``EngineSpec`` (the engine runs in its own process, started now) or an ``LLMEngine``
-        (its loop runs in a thread of this process)."""
+        (its loop runs in a thread of this process). Requests name ``model_name`` or one of ``aliases`` (e.g. the
+        model's path); responses show ``model_name``."""
         self.model_name = model_name
-        self.loop = EngineClient(engine, max_waiting=max_waiting)
+        self.names = {model_name, *aliases}
+        self.draining = False
+        self.on_fatal = None  # set by the HTTP server: stop it, exit non-zero (the engine died)
+        self.loop = EngineClient(engine, max_waiting=max_waiting, model_name=model_name)
+        self.loop.on_dead = self._engine_died
         info = self.loop.launch()
         override = engine.tokenizer if isinstance(engine, EngineSpec) else None
         self.tokenizer = override if override is not None else info["tokenizer"]
         self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
+        self._token_chars: tuple[object, int] = (None, 0)  # (tokenizer, its longest vocabulary entry)
+        self.parsers = ParserPool()
 
     def tokenize(self, prompt) -> list[int]:
         return check_prompt(prompt, self.tokenizer, self.vocab_size)
 
+    # -- life cycle ------------------------------------------------------------------------------------------
+    def _engine_died(self) -> None:
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    def begin_drain(self, timeout: float) -> None:
+        """Stop taking requests (503); those in flight may finish for ``timeout`` seconds, then end with
+        finish_reason "abort" (streams) or a 503 (non-streaming)."""
+        self.draining = True
+
+        def cut():
+            self.loop.abort_all(ServerShutdown(f"the server shut down before the request finished "
+                                               f"(--shutdown-timeout {timeout:g} s)"))
+
+        asyncio.get_running_loop().call_later(timeout, cut)
+
     # -- request -> engine -----------------------------------------------------------------------------------
     def _check_model(self, body) -> None:
-        if body.model != self.model_name:
-            raise APIError(f"unknown model {body.model!r}; this server serves {self.model_name!r}",
-                           param="model", type="invalid_request_error")
+        if body.model not in self.names:
+            raise APIError(f"The model `{body.model}` does not exist; this server serves {self.model_name!r}",
+                           param="model", status=404, type="not_found_error")
+
+    def max_prompt_chars(self) -> int | None:
+        """Most characters a prompt that fits the context can have: no token of this tokenizer is longer than its
+        longest vocabulary entry, and a 4x slack covers normalizers that drop characters. A longer text is refused
+        before tokenizing (10 MB take many seconds of CPU)."""
+        if self.tokenizer is None:
+            return None
+        if self._token_chars[0] is not self.tokenizer:
+            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+            self._token_chars = (self.tokenizer, max(map(len, vocab), default=64))
+        return self.max_model_len * self._token_chars[1] * 4
 
     def _prompt_ids(self, body, field: str) -> list[int]:
         if isinstance(body, ChatRequest):
@@ -79,13 +118,34 @@ class Server:
                            f"(prompt + at least one new token must fit)", param=field)
         return ids
 
-    async def submit(self, body, field: str) -> tuple[RequestStream, list[int]]:
-        self._check_model(body)
-        ids = self._prompt_ids(body, field)
-        max_tokens = body.max_tokens
+    def _max_tokens(self, body, n_prompt: int) -> tuple[int, str]:
+        """The request's output cap and the field it came from, checked against the context."""
+        name, max_tokens = "max_tokens", body.max_tokens
         if isinstance(body, ChatRequest):
-            max_tokens = body.max_completion_tokens or max_tokens or self.max_model_len - len(ids)
-        params = body.sampling_params(max_tokens or 16)
+            if body.max_completion_tokens is not None:
+                name, max_tokens = "max_completion_tokens", body.max_completion_tokens
+            max_tokens = max_tokens or self.max_model_len - n_prompt
+        max_tokens = max_tokens or min(16, self.max_model_len - n_prompt)
+        if n_prompt + max_tokens > self.max_model_len:
+            raise APIError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                           f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} in "
+                           f"the completion). Reduce the prompt or {name}.", param=name)
+        return max_tokens, name
+
+    def _stop_token_ids(self, body) -> None:
+        bad = [t for t in body.stop_token_ids or [] if not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
+                           param="stop_token_ids")
+
+    async def submit(self, body, field: str, big: bool = False) -> tuple[RequestStream, list[int]]:
+        if self.draining:
+            raise APIError("the server is shutting down", status=503, type="server_error")
+        self._check_model(body)
+        self._stop_token_ids(body)
+        ids = await off_loop(big, self._prompt_ids, body, field)
+        max_tokens, _ = self._max_tokens(body, len(ids))
+        params = body.sampling_params(max_tokens)
         prefix = "chatcmpl" if isinstance(body, ChatRequest) else "cmpl"
         try:
             stream = await self.loop.add(ids, params, request_id=f"{prefix}-{uuid.uuid4().hex}")
@@ -126,8 +186,10 @@ class Server:
             if body.include_usage:
                 yield _sse({**head, "choices": [], "usage": self._usage(stream, n_out)})
             yield b"data: [DONE]\n\n"
-        except EngineDead as e:
+        except EngineDead as e:  # the engine died, or the server stopped first: say so, never end silently
+            yield _sse({**head, "choices": [self._choice(chat, "", [], "abort", first)]})
             yield _sse(APIError(str(e), status=503, type="server_error").body())
+            yield b"data: [DONE]\n\n"
         finally:
             if not stream.finished:
                 self.loop.abort(stream.request_id)
@@ -144,7 +206,7 @@ class Server:
                     return JSONResponse({}, status_code=499)
             text, reason = collect.result()
         except EngineDead as e:
-            return _error(APIError(str(e), status=503, type="server_error"))
+            return error_response(APIError(str(e), status=503, type="server_error"))
         finally:
             if not stream.finished:
                 self.loop.abort(stream.request_id)
@@ -178,32 +240,36 @@ class Server:
     async def handle(self, request: Request, cls, chat: bool):
         field = "messages" if chat else "prompt"
         try:
-            body = parse_body(await request.body(), cls)
-            stream, _ = await self.submit(body, field)
+            raw = await request.body()
+            big = len(raw) > OFFLOAD_BYTES
+            args = (raw, cls, self.max_model_len, self.max_prompt_chars())
+            body = await self.parsers.run(parse_checked, *args) if big else parse_checked(*args)
+            stream, _ = await self.submit(body, field, big)
         except APIError as e:
-            return _error(e)
+            return error_response(e)
         if body.stream:
             return StreamingResponse(self.stream_response(stream, body, chat), media_type="text/event-stream")
         return await self.full_response(stream, body, chat, request)
 
 
-def create_app(engine, model_name: str, max_waiting: int = 1024) -> FastAPI:
+def create_app(engine, model_name: str, max_waiting: int = 1024, config: ServerConfig | None = None,
+               aliases: tuple[str, ...] = ()) -> FastAPI:
     """The app over ``engine`` (an ``EngineSpec``: the engine process is started now; or an ``LLMEngine``,
-    whose loop runs in a thread), served as ``model_name``."""
-    server = Server(engine, model_name, max_waiting)
+    whose loop runs in a thread), served as ``model_name`` (requests may also name one of ``aliases``), with the
+    HTTP limits, auth and CORS of ``config``."""
+    config = config or ServerConfig()
+    server = Server(engine, model_name, max_waiting, aliases)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await server.loop.start()
         yield
         await server.loop.stop()
+        server.parsers.shutdown()
 
-    app = FastAPI(title="splitfuse", lifespan=lifespan)
+    app = FastAPI(title="splitfuse", lifespan=lifespan, **fastapi_options(config))
     app.state.server = server
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, e: Exception):
-        return _error(APIError(f"internal error: {e!r}", status=500, type="server_error"))
+    install_guards(app, config)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -216,13 +282,15 @@ def create_app(engine, model_name: str, max_waiting: int = 1024) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": 0, "owned_by": "splitfuse",
+            "id": model_name, "object": "model", "created": 0, "owned_by": "splitfuse", "root": model_name,
             "max_model_len": server.max_model_len, "vocab_size": server.vocab_size}]}
 
     @app.get("/health")
     async def health():
         if server.loop.error is not None:
-            return JSONResponse({"status": "error", "error": repr(server.loop.error)}, status_code=503)
+            return JSONResponse({"status": "error", "error": "the engine failed"}, status_code=503)
+        if server.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok", **server.loop.stats()}
 
     @app.get("/metrics")

@@ -4,11 +4,16 @@ from ``EngineConfig`` and ``PolicyConfig``."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import click
 
 from engine.config import EngineConfig
 from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from engine.policy.options import config_options, pick
+from engine.server.config import API_KEY_ENV, ServerConfig
 
 
 def engine_options(options: dict) -> dict:
@@ -20,7 +25,8 @@ def engine_options(options: dict) -> dict:
 @click.argument("model")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--served-model-name", default=None, help="Model name clients send (default: MODEL).")
+@click.option("--served-model-name", default=None,
+              help="Model name clients send and responses show (default: MODEL's last path part).")
 @click.option("--max-waiting", type=int, default=1024, show_default=True,
               help="Waiting requests per engine before answering 429.")
 @click.option("--replicas", type=int, default=1, show_default=True,
@@ -33,15 +39,23 @@ def engine_options(options: dict) -> dict:
               help="Route to this running server instead of starting replicas (repeat for each; --balancer picks).")
 @click.option("--pass-trace", type=click.Path(dir_okay=False), default=None,
               help="Write the engine's pass-level trace (JSON lines) to this file when the server stops.")
+@config_options(ServerConfig)
 @config_options(PolicyConfig)
 @config_options(EngineConfig)
 def serve(model, host, port, served_model_name, max_waiting, replicas, threads, log_level,
           engine_process, replica_urls, pass_trace, **options):
-    """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API."""
-    name = served_model_name or model
+    """Serve MODEL (a preset name or a Hugging Face directory) over an OpenAI-compatible HTTP API.
+
+    Exits with code 1 when the engine process dies, so that a supervisor (systemd, Kubernetes, or the router of
+    --replicas) restarts it; on SIGTERM it drains (--shutdown-timeout)."""
+    name = served_model_name or Path(model.rstrip("/")).name or model
     if replicas < 1:
         raise click.BadParameter("must be >= 1", param_hint="--replicas")
+    server_options = pick(ServerConfig, options)
+    server_options["api_key"] = server_options.get("api_key") or os.environ.get(API_KEY_ENV) or None
     try:
+        http = ServerConfig(**server_options)
+        http.check()
         config = EngineConfig.from_kwargs(model, **engine_options(options))
         scheduler_class(config.policy.scheduler), make_balancer(config.policy.balancer)  # fail fast on a bad name
     except ValueError as e:
@@ -54,11 +68,10 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, threads, 
         from engine.server.router import run_router
 
         run_router(config, name, host, port, replicas, threads, log_level, max_waiting,
-                   engine_process=engine_process, replica_urls=replica_urls)
+                   engine_process=engine_process, replica_urls=replica_urls, http=http)
         return
-    import uvicorn
-
     from engine.server.app import create_app
+    from engine.server.http import run_http
 
     if engine_process:
         from engine.server.engine_core import EngineSpec
@@ -76,11 +89,13 @@ def serve(model, host, port, served_model_name, max_waiting, replicas, threads, 
         except ValueError as e:
             raise click.UsageError(str(e)) from None
     try:
-        app = create_app(engine, name, max_waiting)
+        app = create_app(engine, name, max_waiting, http, aliases=(model,))
     except ValueError as e:  # the engine process could not build the engine
         raise click.UsageError(str(e)) from None
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=5)
+    code = run_http(app, host, port, log_level, http, service=app.state.server)
+    if code:
+        click.echo("splitfuse serve: the engine died; exiting with code 1 for a supervisor to restart", err=True)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

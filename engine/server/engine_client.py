@@ -31,6 +31,10 @@ class EngineDead(Exception):
     """The engine failed or stopped; it serves nothing more (answer 503, /health fails)."""
 
 
+class ServerShutdown(EngineDead):
+    """The server is stopping and the request did not finish within its shutdown timeout."""
+
+
 @dataclass
 class StreamOutput:
     """New tokens of one request since the last read; ``finished`` with a ``finish_reason`` at the end."""
@@ -90,12 +94,14 @@ def _widen(conn) -> None:
 class EngineClient:
     """Start/stop, add/abort, stats and metrics of one engine, in its own process or in a thread here."""
 
-    def __init__(self, engine, max_waiting: int = 1024) -> None:
-        """``engine``: an ``EngineSpec`` (its process is started by ``launch``) or a built ``LLMEngine``."""
+    def __init__(self, engine, max_waiting: int = 1024, model_name: str = "") -> None:
+        """``engine``: an ``EngineSpec`` (its process is started by ``launch``) or a built ``LLMEngine``;
+        ``model_name`` labels its metrics."""
         self.engine = engine
         self.max_waiting = max_waiting
-        self.metrics = ServingMetrics(self.stats)
+        self.metrics = ServingMetrics(self.stats, model_name)
         self.error: BaseException | None = None
+        self.on_dead = None  # called once when the engine fails
         self.info: dict = {}
         self.worker: multiprocessing.Process | threading.Thread | None = None
         self._engine_stats: dict = {}
@@ -241,6 +247,15 @@ class EngineClient:
             except OSError:
                 pass
 
+    def abort_all(self, error: EngineDead) -> int:
+        """End every request in flight with ``error`` (their streams raise it) and abort them in the engine;
+        returns how many there were."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self._streams[request_id].queue.put_nowait(error)
+            self.abort(request_id)
+        return len(ids)
+
     # -- messages from the engine ----------------------------------------------------------------------------
     def _on_readable(self) -> None:
         try:
@@ -312,6 +327,8 @@ class EngineClient:
                 future.set_exception(EngineDead(f"the engine failed: {error!r}"))
         self._acks.clear()
         self._unacked = 0
+        if self.on_dead is not None:
+            self.on_dead()
 
     # -- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -319,6 +336,4 @@ class EngineClient:
         of commands)."""
         out = dict(self._engine_stats)
         out.update(waiting=self.num_waiting, active_streams=len(self._streams))
-        if self.info.get("pid") is not None:
-            out["engine_pid"] = self.info["pid"]
         return out

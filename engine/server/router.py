@@ -1,15 +1,19 @@
 """Replica router (FastGen's ``replica_num``): N engine processes behind one OpenAI-compatible endpoint.
 
 The router picks a replica with ``engine.policy.load_balancer`` (the very policies the simulator's cluster uses),
-checks each replica's ``/health`` and process, and takes a dead one out of rotation. A request that fails before
-the client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica;
-a stream that breaks after tokens were sent ends with an SSE error event saying so, never silently.
+checks each replica's ``/health`` and process, and takes a failing one out of rotation. A replica process that
+exited (its engine died: ``splitfuse serve`` then exits 1) is restarted after a backoff (1, 2, 4 ... 30 s, at most
+``--max-replica-restarts`` times) and comes back once its health check passes. A request that fails before the
+client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica; a
+stream that breaks after tokens were sent ends with an SSE error event and ``[DONE]``, never silently. On SIGTERM
+the router stops taking requests and sends SIGTERM to its replicas, which drain as a single server does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -22,14 +26,20 @@ from dataclasses import dataclass
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.config import EngineConfig
 from engine.policy import PolicyConfig, ReplicaLoad, make_balancer
 from engine.policy.options import config_flags
-from engine.server.metrics import CONTENT_TYPE
+from engine.server.config import ServerConfig
+from engine.server.guards import error_response, fastapi_options, install_guards
+from engine.server.metrics import CONTENT_TYPE, ReplicaMetrics
 from engine.server.protocol import APIError
+from engine.server.workers import die_with_parent
 
 RETRY_STATUSES = (429, 503)
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before the 1st, 2nd, ... restart of a replica
 
 
 @dataclass
@@ -37,19 +47,29 @@ class Replica:
     index: int
     url: str
     process: subprocess.Popen | None = None
+    command: list[str] | None = None  # how to start it again (a replica started here)
+    env: dict | None = None
     healthy: bool = False
-    dead: bool = False  # its process exited: out of rotation for good
+    dead: bool = False  # its process exited and its restarts are spent: out of rotation for good
     outstanding_requests: int = 0
     outstanding_tokens: int = 0
     kv_usage: float = 0.0
     failures: int = 0
+    restarts: int = 0
+    restart_at: float | None = None  # monotonic time of the next restart, while one is pending
 
     def load(self) -> ReplicaLoad:
         return ReplicaLoad(self.outstanding_requests, self.outstanding_tokens, self.kv_usage)
 
+    def exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, env=self.env, preexec_fn=die_with_parent)
+
     def info(self) -> dict:
-        return {"index": self.index, "url": self.url, "pid": self.process.pid if self.process else None,
-                "healthy": self.healthy, "dead": self.dead, "outstanding_requests": self.outstanding_requests,
+        return {"index": self.index, "url": self.url, "healthy": self.healthy, "dead": self.dead,
+                "restarts": self.restarts, "outstanding_requests": self.outstanding_requests,
                 "outstanding_tokens": self.outstanding_tokens, "kv_usage": self.kv_usage}
 
 
@@ -67,13 +87,20 @@ def estimate_tokens(raw: bytes) -> tuple[bool, int]:
 
 class Router:
     def __init__(self, replicas: list[Replica], balancer: str = "least-requests", seed: int = 0,
-                 health_interval: float = 1.0) -> None:
+                 health_interval: float = 1.0, max_restarts: int = 5) -> None:
         self.replicas = replicas
         self.balancer = make_balancer(balancer, seed)
         self.health_interval = health_interval
+        self.max_restarts = max_restarts
         self.retries = 0
         self.broken_streams = 0
+        self.draining = False
+        self.on_fatal = None  # unused: the router itself survives its replicas
         self.client: httpx.AsyncClient | None = None
+        self.replica_metrics = ReplicaMetrics()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        self.registry.register(self.replica_metrics)
 
     async def start(self) -> None:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
@@ -90,14 +117,36 @@ class Router:
         return candidates[self.balancer.choose([r.load() for r in candidates])]
 
     def suspect(self, replica: Replica) -> None:
-        """Out of rotation until a health check passes (or for good if its process has exited)."""
+        """Out of rotation until a health check passes (after a restart, if its process has exited)."""
         replica.healthy = False
-        if replica.process is not None and replica.process.poll() is not None:
+
+    def supervise(self, replica: Replica) -> None:
+        """A replica whose process exited: restart it after its backoff, or give up after ``max_restarts``."""
+        replica.healthy = False
+        if self.draining or replica.dead or replica.command is None:
+            return
+        if replica.restarts >= self.max_restarts:
             replica.dead = True
+            return
+        now = time.monotonic()
+        if replica.restart_at is None:
+            replica.restart_at = now + BACKOFF_S[min(replica.restarts, len(BACKOFF_S) - 1)]
+        elif now >= replica.restart_at:
+            replica.restart_at = None
+            replica.restarts += 1
+            replica.start()
+
+    def begin_drain(self, timeout: float) -> None:
+        """Stop taking requests and restarting replicas; the replicas get SIGTERM and drain within their own
+        ``--shutdown-timeout`` (the router's streams relay their last events)."""
+        self.draining = True
+        for r in self.replicas:
+            if r.process is not None and r.process.poll() is None:
+                r.process.terminate()
 
     async def check(self, replica: Replica) -> None:
-        if replica.dead or (replica.process is not None and replica.process.poll() is not None):
-            replica.healthy, replica.dead = False, True
+        if replica.exited() or replica.dead:
+            self.supervise(replica)
             return
         try:
             r = await self.client.get(replica.url + "/health", timeout=max(2.0, self.health_interval))
@@ -116,9 +165,14 @@ class Router:
 
     # -- proxying --------------------------------------------------------------------------------------------
     async def proxy(self, request: Request, path: str) -> Response:
+        if self.draining:
+            return error_response(APIError("the server is shutting down", status=503, type="server_error"))
         raw = await request.body()
-        stream, tokens = estimate_tokens(raw)
+        stream, tokens = await asyncio.to_thread(estimate_tokens, raw) if len(raw) > 1 << 16 \
+            else estimate_tokens(raw)
         headers = {"content-type": request.headers.get("content-type", "application/json")}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
         tried: set[int] = set()
         last = "no replica is healthy"
         while (replica := self.pick(tried)) is not None:
@@ -179,29 +233,45 @@ class Router:
             err = APIError(f"replica {replica.index} failed mid-stream after tokens were sent ({e!r}); the "
                            f"request was not completed and cannot be retried transparently", status=502,
                            type="server_error")
-            yield f"data: {json.dumps(err.body())}\n\n".encode()
+            yield f"data: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
         finally:
             release()
             await resp.aclose()
 
-    def render_metrics(self) -> str:
-        lines = []
+    def collect(self):
+        """The router's own metrics (a prometheus_client collector): per replica, and retries/broken streams."""
         for name, help, get in (
                 ("healthy", "1 when the replica is in rotation.", lambda r: int(r.healthy)),
+                ("restarts", "Times the replica was restarted.", lambda r: r.restarts),
                 ("outstanding_requests", "Requests sent and not finished.", lambda r: r.outstanding_requests),
                 ("outstanding_tokens", "Prompt + requested tokens outstanding.", lambda r: r.outstanding_tokens),
                 ("kv_usage", "KV use at the last health check.", lambda r: r.kv_usage)):
-            lines += [f"# HELP splitfuse_router_replica_{name} {help}", f"# TYPE splitfuse_router_replica_{name} gauge"]
-            lines += [f'splitfuse_router_replica_{name}{{replica="{r.index}"}} {get(r)}' for r in self.replicas]
-        lines += ["# HELP splitfuse_router_retries_total Requests retried on another replica.",
-                  "# TYPE splitfuse_router_retries_total counter", f"splitfuse_router_retries_total {self.retries}",
-                  "# HELP splitfuse_router_broken_streams_total Streams cut by a replica failure mid-stream.",
-                  "# TYPE splitfuse_router_broken_streams_total counter",
-                  f"splitfuse_router_broken_streams_total {self.broken_streams}"]
-        return "\n".join(lines) + "\n"
+            g = GaugeMetricFamily(f"splitfuse_router_replica_{name}", help, labels=["replica"])
+            for r in self.replicas:
+                g.add_metric([str(r.index)], get(r))
+            yield g
+        yield CounterMetricFamily("splitfuse_router_retries", "Requests retried on another replica.",
+                                  value=self.retries)
+        yield CounterMetricFamily("splitfuse_router_broken_streams", "Streams cut by a replica failure mid-stream.",
+                                  value=self.broken_streams)
+
+    async def render_metrics(self) -> str:
+        """The router's metrics and every live replica's (scraped now), labelled ``replica``."""
+
+        async def scrape(r: Replica) -> None:
+            try:
+                self.replica_metrics.texts[r.index] = (await self.client.get(r.url + "/metrics", timeout=5)).text
+            except httpx.HTTPError:
+                self.replica_metrics.texts.pop(r.index, None)
+
+        await asyncio.gather(*(scrape(r) for r in self.replicas if not r.dead and not r.exited()))
+        return generate_latest(self.registry).decode()
 
 
-def create_router_app(router: Router) -> FastAPI:
+def create_router_app(router: Router, config: ServerConfig | None = None) -> FastAPI:
+    """The router's app, with the same limits, auth and CORS as a single server (``config``)."""
+    config = config or ServerConfig()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await router.start()
@@ -211,8 +281,9 @@ def create_router_app(router: Router) -> FastAPI:
         task.cancel()
         await router.stop()
 
-    app = FastAPI(title="splitfuse router", lifespan=lifespan)
+    app = FastAPI(title="splitfuse router", lifespan=lifespan, **fastapi_options(config))
     app.state.router = router
+    install_guards(app, config)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -229,7 +300,7 @@ def create_router_app(router: Router) -> FastAPI:
                 with contextlib.suppress(httpx.HTTPError):
                     r = await router.client.get(replica.url + "/v1/models")
                     return Response(r.content, status_code=r.status_code, media_type="application/json")
-        return JSONResponse(APIError("no replica is healthy", status=503, type="server_error").body(), 503)
+        return error_response(APIError("no replica is healthy", status=503, type="server_error"))
 
     @app.get("/health")
     async def health():
@@ -239,7 +310,7 @@ def create_router_app(router: Router) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(router.render_metrics(), media_type=CONTENT_TYPE)
+        return PlainTextResponse(await router.render_metrics(), media_type=CONTENT_TYPE)
 
     return app
 
@@ -249,14 +320,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Linux: the replica gets SIGTERM when the router process dies, even by SIGKILL."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def replica_slots(device: str, replicas: int) -> list[dict]:
@@ -279,18 +342,22 @@ def replica_slots(device: str, replicas: int) -> list[dict]:
 
 
 def start_replicas(config: EngineConfig, name: str, replicas: int, threads: int | None, log_level: str,
-                   max_waiting: int, engine_process: bool = True) -> list[Replica]:
-    """One ``splitfuse serve`` process per replica (one GPU each, or a CPU slot), every one built from ``config``."""
+                   max_waiting: int, engine_process: bool = True, http: ServerConfig | None = None) -> list[Replica]:
+    """One ``splitfuse serve`` process per replica (one GPU each, or a CPU slot), every one built from ``config``;
+    ``http``'s limits and shutdown timeout apply to each (its auth and CORS stay with the router)."""
     threads = threads or max(1, (os.cpu_count() or 1) // replicas)
-    flags = config_flags(PolicyConfig, vars(config.policy)) + config_flags(EngineConfig, vars(config))
+    http = dataclasses.replace(http or ServerConfig(), api_key=None)
+    flags = config_flags(PolicyConfig, vars(config.policy)) + config_flags(EngineConfig, vars(config)) + \
+        config_flags(ServerConfig, {k: v for k, v in vars(http).items() if not k.startswith("allow")})
     out = []
     for i, env in enumerate(replica_slots(config.device, replicas)):
         port = free_port()
         cmd = [sys.executable, "-m", "engine.server.cli", config.model, "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", name, "--max-waiting", str(max_waiting), "--threads", str(threads),
                "--log-level", log_level, "--engine-process" if engine_process else "--no-engine-process", *flags]
-        process = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
-        out.append(Replica(i, f"http://127.0.0.1:{port}", process))
+        replica = Replica(i, f"http://127.0.0.1:{port}", command=cmd, env={**os.environ, **env})
+        replica.start()
+        out.append(replica)
     return out
 
 
@@ -310,15 +377,17 @@ def wait_healthy(replicas: list[Replica], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def stop_replicas(replicas: list[Replica]) -> None:
-    """Stop the replica processes started here (a replica given by URL has none)."""
+def stop_replicas(replicas: list[Replica], timeout: float = 10.0) -> None:
+    """Stop the replica processes started here (a replica given by URL has none): SIGTERM, then SIGKILL after
+    ``timeout`` seconds."""
     replicas = [r for r in replicas if r.process is not None]
     for r in replicas:
         if r.process.poll() is None:
             r.process.terminate()
+    deadline = time.monotonic() + timeout
     for r in replicas:
         try:
-            r.process.wait(timeout=10)
+            r.process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             r.process.kill()
             r.process.wait()
@@ -326,24 +395,25 @@ def stop_replicas(replicas: list[Replica]) -> None:
 
 def run_router(config: EngineConfig, name: str, host: str, port: int, replicas: int, threads: int | None,
                log_level: str, max_waiting: int, startup_timeout: float = 600,
-               engine_process: bool = True, replica_urls: tuple[str, ...] = ()) -> None:
+               engine_process: bool = True, replica_urls: tuple[str, ...] = (),
+               http: ServerConfig | None = None) -> None:
     """Start the replica processes, serve the router (balancing with ``config.policy.balancer``, checking the
-    replicas' health and KV usage every ``config.policy.kv_report_interval`` seconds) until interrupted, then stop
-    the replicas. With ``replica_urls``, route to those running servers instead (they are
-    neither started nor stopped here)."""
-    import uvicorn
+    replicas' health and KV usage every ``config.policy.kv_report_interval`` seconds, restarting dead ones) until
+    SIGTERM (then drain), and stop the replicas. With ``replica_urls``, route to those running servers instead
+    (they are neither started nor stopped here)."""
+    from engine.server.http import run_http
 
+    http = http or ServerConfig()
     # uvicorn re-raises SIGTERM after its shutdown; exiting by SystemExit lets ``finally`` stop the replicas
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if replica_urls:
         procs = [Replica(i, url.rstrip("/")) for i, url in enumerate(replica_urls)]
     else:
-        procs = start_replicas(config, name, replicas, threads, log_level, max_waiting, engine_process)
+        procs = start_replicas(config, name, replicas, threads, log_level, max_waiting, engine_process, http)
     try:
         wait_healthy(procs, startup_timeout)
         router = Router(procs, config.policy.balancer, seed=config.seed,
-                        health_interval=config.policy.kv_report_interval)
-        uvicorn.run(create_router_app(router), host=host, port=port, log_level=log_level,
-                    timeout_graceful_shutdown=5)
+                        health_interval=config.policy.kv_report_interval, max_restarts=http.max_replica_restarts)
+        run_http(create_router_app(router, http), host, port, log_level, http, service=router)
     finally:
-        stop_replicas(procs)
+        stop_replicas(procs, timeout=http.shutdown_timeout + 10)
