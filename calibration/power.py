@@ -1,6 +1,9 @@
-"""The card's energy and power through NVML (nvidia-ml-py), for benchmarks that ask whether the power cap binds.
+"""The card's energy and power through NVML (nvidia-ml-py): the calibration sweep's joules per pass
+(``calibration.sweep``), and the benchmarks that ask whether the power cap binds (``benchmarks.pass_energy_gpu``,
+``benchmarks.engine_gpu``).
 
-Imports without nvidia-ml-py; ``device_handle`` then raises ImportError (``engine_gpu`` runs on without energy)."""
+Imports without nvidia-ml-py; ``device_handle`` then raises ImportError (the sweep and ``engine_gpu`` run on without
+energy)."""
 
 from __future__ import annotations
 
