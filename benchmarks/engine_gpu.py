@@ -62,16 +62,9 @@ def random_kv(llm: LLMEngine) -> None:
 def energy_meter():
     """A ``calibration.power.EnergyMeter`` of this card, or None where NVML (nvidia-ml-py) is missing: no energy
     figures."""
-    try:
-        from calibration.power import EnergyMeter, device_handle, power_limit_w
+    from calibration.power import card_meter
 
-        handle = device_handle(torch.cuda.current_device())
-        meter = EnergyMeter(handle)
-        meter.limit_w = power_limit_w(handle)
-        return meter
-    except Exception as e:  # ImportError, or NVMLError where the driver library is missing
-        print(f"no energy figures: {e!r}", flush=True)
-        return None
+    return card_meter(torch.cuda.current_device())
 
 
 def energy_summary(meter, seconds: float) -> dict:

@@ -31,6 +31,19 @@ def power_limit_w(handle) -> float:
     return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
 
 
+def card_meter(index: int):
+    """An ``EnergyMeter`` of card ``index`` with its power limit as ``limit_w``, or None (the reason printed) where
+    NVML does not answer: the caller then measures no energy."""
+    try:
+        handle = device_handle(index)
+        meter = EnergyMeter(handle)
+        meter.limit_w = power_limit_w(handle)
+        return meter
+    except Exception as e:  # ImportError, or NVMLError where the driver library is missing
+        print(f"no energy figures: {e!r}", flush=True)
+        return None
+
+
 def idle_watts(meter, seconds: float = 1.0) -> float:
     """The card's power with nothing running, over ``seconds`` of an ``EnergyMeter``."""
     torch.cuda.synchronize()

@@ -164,20 +164,19 @@ class Profile:
             raise bad("'noise' must be a list of positive numbers")
         points = _points_from(d.get("points", {"columns": [], "rows": []}), bad)
         _check_predictions(model, points, d["max_model_len"], bad)
-        serving = None
-        if d.get("serving") is not None:
-            try:
-                serving = ServingModel.from_dict(d["serving"])
-            except ValueError as e:
-                raise bad(str(e)) from None
-        energy = None
-        if d.get("energy") is not None:
-            try:
-                energy = EnergyModel.from_dict(d["energy"])
-            except ValueError as e:
-                raise bad(str(e)) from None
         return cls(meta, d["block_size"], d["num_kv_blocks"], d["max_model_len"], model, points=points,
-                   noise=noise, fit=d.get("fit") or {}, serving=serving, energy=energy)
+                   noise=noise, fit=d.get("fit") or {}, serving=_section(d, "serving", ServingModel, bad),
+                   energy=_section(d, "energy", EnergyModel, bad))
+
+
+def _section(d: dict, key: str, cls, bad):
+    """The optional section ``d[key]`` read by ``cls.from_dict`` (None where absent); its errors name the file."""
+    if d.get(key) is None:
+        return None
+    try:
+        return cls.from_dict(d[key])
+    except ValueError as e:
+        raise bad(str(e)) from None
 
 
 def _first_non_finite(value, where: str = "") -> tuple[str | None, object]:

@@ -175,16 +175,9 @@ def energy_meter(device: torch.device):
     answer: the sweep then measures no energy."""
     if device.type != "cuda":
         return None
-    try:
-        from calibration.power import EnergyMeter, device_handle, power_limit_w
+    from calibration.power import card_meter
 
-        handle = device_handle(device.index if device.index is not None else torch.cuda.current_device())
-        meter = EnergyMeter(handle)
-        meter.limit_w = power_limit_w(handle)
-        return meter
-    except Exception as e:  # ImportError, or NVMLError where the driver library is missing
-        print(f"no energy per pass: {e!r}", flush=True)
-        return None
+    return card_meter(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def pass_energy(timer: PointTimer, plan, meter, seconds: float) -> dict:
