@@ -89,24 +89,26 @@ def linear_until(rows: list[dict], threshold: float) -> dict[str, int | None]:
 
 def figure(rows: list[dict]):
     """Effective-throughput ratio and TTFT p95 against replicas, one line per balancer."""
+    import plotly.express as px
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("effective throughput / (N x one replica)",
                                                         "TTFT p95"))
     one = [r for r in rows if r["replicas"] == 1]
-    for balancer in dict.fromkeys(r["balancer"] for r in rows if r["replicas"] > 1):
+    balancers = list(dict.fromkeys(r["balancer"] for r in rows if r["replicas"] > 1))
+    for balancer, color in zip(balancers, px.colors.qualitative.Plotly):
         cells = one + sorted((r for r in rows if r["balancer"] == balancer and r["replicas"] > 1),
                              key=lambda r: r["replicas"])
         x = [r["replicas"] for r in cells]
-        fig.add_trace(go.Scatter(x=x, y=[r["effective_ratio"] for r in cells], name=balancer, legendgroup=balancer,
-                                 mode="lines+markers"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=[r["ttft_p95"] for r in cells], name=balancer, legendgroup=balancer,
-                                 mode="lines+markers", showlegend=False), row=1, col=2)
+        style = {"name": balancer, "legendgroup": balancer, "mode": "lines+markers", "line": {"color": color}}
+        fig.add_trace(go.Scatter(x=x, y=[r["effective_ratio"] for r in cells], **style), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[r["ttft_p95"] for r in cells], showlegend=False, **style), row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", row=1, col=1)
-    for col, title in ((1, "scaling ratio (1 = linear)"), (2, "TTFT p95 (s)")):
+    for col, title in ((1, "scaling ratio (1 = linear)"), (2, "TTFT p95 (s, log)")):
         fig.update_xaxes(type="log", title_text="replicas", dtick=0.30103, row=1, col=col)
         fig.update_yaxes(title_text=title, row=1, col=col)
+    fig.update_yaxes(type="log", row=1, col=2)
     fig.update_layout(title="Replica scaling at proportional load (llama-2-7b, FastGen long prompts, SplitFuse)",
                       height=420, width=1000)
     return fig
@@ -153,7 +155,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1-16 replicas, round-robin and least-requests, 1,000 "
                     "requests at most (a smoke run; writes scaling_study_quick.*)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for scaling_study.json and the figure")
+    ap.add_argument("--plot-only", action="store_true", help="only redraw the figure from --out's scaling_study.json")
     args = ap.parse_args()
+    if args.plot_only:
+        import json
+
+        data = json.loads((args.out / "scaling_study.json").read_text())
+        print_table(data["rows"])
+        for p in write_figure(figure(data["rows"]), args.out, "scaling_study"):
+            print(f"wrote {p}")
+        return
     if args.quick:
         args.replicas, args.balancers = "1,2,4,8,16", "round-robin,least-requests"
         args.min_requests, args.max_requests, args.requests_per_replica = 400, 1000, 100
