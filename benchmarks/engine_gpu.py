@@ -60,17 +60,11 @@ def random_kv(llm: LLMEngine) -> None:
 
 
 def energy_meter():
-    """An ``power.EnergyMeter`` of this card, or None where NVML (nvidia-ml-py) is missing: no energy figures."""
-    try:
-        from benchmarks.power import EnergyMeter, device_handle, power_limit_w
+    """A ``calibration.power.EnergyMeter`` of this card, or None where NVML (nvidia-ml-py) is missing: no energy
+    figures."""
+    from calibration.power import card_meter
 
-        handle = device_handle(torch.cuda.current_device())
-        meter = EnergyMeter(handle)
-        meter.limit_w = power_limit_w(handle)
-        return meter
-    except Exception as e:  # ImportError, or NVMLError where the driver library is missing
-        print(f"no energy figures: {e!r}", flush=True)
-        return None
+    return card_meter(torch.cuda.current_device())
 
 
 def energy_summary(meter, seconds: float) -> dict:
@@ -96,7 +90,7 @@ def energy_costs(meter, seconds: float = 1.5, m: int = 8192, gib: float = 4.0) -
     """What work costs in energy on this card, above its idle power: joules per GB of a read-only stream (a
     reduction over ``gib``) and per TFLOP of back-to-back bf16 ``m``^3 products, each run for ``seconds``.
     At the power limit a run can take no less than its work's energy at these costs / (limit - idle)."""
-    from benchmarks.power import idle_watts
+    from calibration.power import idle_watts
 
     idle_w = idle_watts(meter)
     x = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=DEV).normal_()

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.common import run_metadata, write_results
 from benchmarks.engine_gpu import DEV, SEED, Passes, bench_engine, random_kv
-from benchmarks.power import EnergyMeter, device_handle, idle_watts, power_limit_w
+from calibration.power import EnergyMeter, device_handle, idle_watts, power_limit_w
 from engine.policy import BatchPlan, plan_features
 
 WHOLE = {"prefill 768": {"chunk": 768}, "704 + 64 decodes @ 1k": {"chunk": 704, "decodes": 64},

@@ -49,9 +49,25 @@ def check_report(profile) -> str:
     if fit.get("path_mismatches"):
         lines.append(f"WARNING: {fit['path_mismatches']} points ran another path (graph or not, padded tokens) "
                      "than the model assumes: the engine and the profile's metadata disagree")
+    lines.append(energy_line(profile.energy))
     if m.get("kind") != "measured":
         lines.append("NOTE: this profile is not measured on a GPU (" + str(m.get("note", m.get("kind"))) + ")")
     return "\n".join(lines)
+
+
+def energy_line(energy) -> str:
+    """What ``--check`` says of a profile's energy section."""
+    if energy is None:
+        return "energy: none (the simulator reports no energy for this profile)"
+    f, c = energy.fit, energy.coef
+    held = f.get("heldout", {})
+    err = (f"held-out median {_pct(held.get('median_abs_rel_err'))}, p95 {_pct(held.get('p95_abs_rel_err'))}"
+           if held else f"fit median {_pct(f.get('median_abs_rel_err'))}, max {_pct(f.get('max_abs_rel_err'))}")
+    if "loo_median_abs_rel_err" in f:
+        err += f", leave-one-out median {_pct(f['loo_median_abs_rel_err'])}, max {_pct(f['loo_max_abs_rel_err'])}"
+    return (f"energy: idle {energy.idle_w:.0f} W + {c['intercept']:.3g} J a pass + {c['tokens'] * 1e3:.3g} mJ a token "
+            f"+ {c['decode_context'] * 1e6:.3g} uJ a decode context token; {f.get('passes', '?')} passes from "
+            f"{f.get('source', '?')}; {err}")
 
 
 def points_path_for(out: Path) -> Path:
@@ -93,10 +109,13 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--energy-seconds", type=click.FloatRange(min=0), default=0.25, show_default=True,
+              help="Replay each pass back to back this long under NVML's energy counter for its joules (0: no "
+                   "energy; skipped where nvidia-ml-py or NVML is missing).")
 @click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, rounds, max_points, device, block_size,
-            gpu_memory_utilization, seed, no_fit, no_progress):
+            gpu_memory_utilization, seed, energy_seconds, no_fit, no_progress):
     """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points), or --check FILE."""
     from calibration.profile import load_profile
 
@@ -144,7 +163,8 @@ def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, r
     try:
         header, points = run_sweep(model, dtype, points_path, device=device, seed=seed, block_size=block_size,
                                    gpu_memory_utilization=gpu_memory_utilization, time_budget_s=time_budget,
-                                   max_points=max_points, progress=not no_progress, rounds=rounds)
+                                   max_points=max_points, progress=not no_progress, rounds=rounds,
+                                   energy_s=energy_seconds)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(points)} points in {points_path}")

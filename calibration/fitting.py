@@ -1,5 +1,6 @@
 """Measured points -> a ``Profile``: a seeded held-out split per sweep, the fit on the rest, the errors on both,
-and the spread of repeated pass times as the noise the simulator draws from."""
+the spread of repeated pass times as the noise the simulator draws from, and, where the sweep measured each pass's
+joules, the energy model (``calibration.energy``) fitted and scored on the same split."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from calibration import cost_model
+from calibration.energy import EnergyModel, fit_energy
 from calibration.profile import Profile
 
 TARGET = "wall_s"
@@ -138,4 +140,27 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
     else:
         fit["heldout"] = cost_model.error_stats(np.array([]))
     return Profile(meta, block_size, num_kv_blocks, max_model_len, model, points=points,
-                   noise=noise_ratios(points, target=target), fit=fit)
+                   noise=noise_ratios(points, target=target), fit=fit, energy=energy_from_points(train, held, meta))
+
+
+def energy_from_points(train: Sequence[Mapping], held: Sequence[Mapping], meta: Mapping) -> EnergyModel | None:
+    """The energy model fitted on the training points that carry joules (``calibration.sweep.pass_energy``),
+    with its error on the held-out ones; None where the sweep measured no energy (no NVML) or too few points."""
+    train = [p for p in train if "joules" in p]
+    held = [p for p in held if "joules" in p]
+    if "idle_w" not in meta or len(train) < 10:
+        return None
+    names = ("num_tokens", "decode_context", "prefill_attention")
+
+    def data(points):
+        return (columns(points, names), np.array([p["energy_pass_s"] for p in points]),
+                np.array([p["joules"] for p in points]))
+
+    X, seconds, joules = data(train)
+    model = fit_energy(X, seconds, joules, meta["idle_w"], meta.get("power_limit_w"),
+                       {"source": "swept", "method": "each pass replayed back to back under NVML's energy counter "
+                                                     "(calibration.sweep.pass_energy)"})
+    if held:
+        X, seconds, joules = data(held)
+        model.fit["heldout"] = cost_model.error_stats(model.predict_array(seconds, X) / joules - 1.0)
+    return model

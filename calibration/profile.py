@@ -1,6 +1,7 @@
 """A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
-fitted cost model, the spread of pass times, the KV capacity the engine gets on that card and (from version 3)
-what the serving loop adds to each pass (``calibration.serving``).
+fitted cost model, the spread of pass times, the KV capacity the engine gets on that card, (from version 3)
+what the serving loop adds to each pass (``calibration.serving``) and (from version 4) the energy of each pass
+(``calibration.energy``). Both sections are optional, and files of versions 2 and 3 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -16,12 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from calibration.cost_model import FEATURES, FLOOR_TERMS, NONNEGATIVE, PassModel
+from calibration.energy import EnergyModel
 from calibration.serving import ServingModel
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
-VERSION = 3  # 3: an optional "serving" section; version 2 files (without it) are read too
-READS = (2, 3)
+VERSION = 4  # 3: an optional "serving" section; 4: an optional "energy" section; versions 2-3 are read too
+READS = (2, 3, 4)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -31,7 +33,8 @@ class Profile:
 
     def __init__(self, meta: Mapping, block_size: int, num_kv_blocks: int, max_model_len: int, model: PassModel,
                  *, points: list[dict] | None = None, noise: list[float] | None = None,
-                 fit: Mapping | None = None, serving: ServingModel | None = None) -> None:
+                 fit: Mapping | None = None, serving: ServingModel | None = None,
+                 energy: EnergyModel | None = None) -> None:
         self.meta = dict(meta)
         self.block_size = int(block_size)
         self.num_kv_blocks = int(num_kv_blocks)
@@ -41,6 +44,7 @@ class Profile:
         self.noise = sorted(float(x) for x in (noise or []))
         self.fit = dict(fit or {})
         self.serving = serving
+        self.energy = energy  # None: the profile has no energy figures (the simulator reports NaN energy)
         self.source: str | None = None  # the file it was loaded from
         if serving is None:  # the fitted model's own method answers (one call less on the simulator's hot path)
             self.predict = model.predict
@@ -89,7 +93,13 @@ class Profile:
     def with_serving(self, serving: ServingModel | None) -> Profile:
         """This profile with ``serving`` as its serving loop's cost per pass."""
         return Profile(self.meta, self.block_size, self.num_kv_blocks, self.max_model_len, self.model,
-                       points=self.points, noise=self.noise, fit=self.fit, serving=serving)
+                       points=self.points, noise=self.noise, fit=self.fit, serving=serving, energy=self.energy)
+
+    def with_energy(self, energy: EnergyModel | None) -> Profile:
+        """This profile with ``energy`` as the energy of its passes."""
+        profile = self.with_serving(self.serving)
+        profile.energy = energy
+        return profile
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -105,6 +115,7 @@ class Profile:
             "fit": self.fit,
             "noise": self.noise,
             **({"serving": self.serving.to_dict()} if self.serving is not None else {}),
+            **({"energy": self.energy.to_dict()} if self.energy is not None else {}),
             "points": {"columns": columns, "rows": [[p.get(c) for c in columns] for p in self.points]},
         }
 
@@ -153,14 +164,19 @@ class Profile:
             raise bad("'noise' must be a list of positive numbers")
         points = _points_from(d.get("points", {"columns": [], "rows": []}), bad)
         _check_predictions(model, points, d["max_model_len"], bad)
-        serving = None
-        if d.get("serving") is not None:
-            try:
-                serving = ServingModel.from_dict(d["serving"])
-            except ValueError as e:
-                raise bad(str(e)) from None
         return cls(meta, d["block_size"], d["num_kv_blocks"], d["max_model_len"], model, points=points,
-                   noise=noise, fit=d.get("fit") or {}, serving=serving)
+                   noise=noise, fit=d.get("fit") or {}, serving=_section(d, "serving", ServingModel, bad),
+                   energy=_section(d, "energy", EnergyModel, bad))
+
+
+def _section(d: dict, key: str, cls, bad):
+    """The optional section ``d[key]`` read by ``cls.from_dict`` (None where absent); its errors name the file."""
+    if d.get(key) is None:
+        return None
+    try:
+        return cls.from_dict(d[key])
+    except ValueError as e:
+        raise bad(str(e)) from None
 
 
 def _first_non_finite(value, where: str = "") -> tuple[str | None, object]:

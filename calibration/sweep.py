@@ -3,8 +3,11 @@
 One engine step is what ``LLMEngine.step`` does: the scheduler builds the plan, the runner prepares inputs,
 runs the forward pass and samples (which syncs), and the scheduler applies the result. Per pass we take the
 scheduling and update time once (they are host-only and deterministic) and time ``runner.run(plan)`` several
-times, on the host clock with a device sync and with CUDA events. Points are appended to a JSONL file as they
-come, so an interrupted sweep resumes where it stopped and a time-boxed one keeps what it measured.
+times, on the host clock with a device sync and with CUDA events. Where NVML answers (nvidia-ml-py,
+``calibration.power``), each pass is then replayed back to back for ``energy_s`` under the card's energy counter:
+its joules and seconds per pass (the header holds the card's idle power and power limit). Points are appended to a
+JSONL file as they come, so an interrupted sweep resumes where it stopped and a time-boxed one keeps what it
+measured.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ class PointTimer:
         self.min_repeats, self.max_repeats, self.target_s, self.warmup = min_repeats, max_repeats, target_s, warmup
         self.cuda = device.type == "cuda"
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
@@ -140,14 +143,14 @@ class PointTimer:
         start = end = None
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._sync()
+        self.sync()
         t0 = time.perf_counter()
         if start is not None:
             start.record()
         sampled = self.runner.run(plan)
         if end is not None:
             end.record()
-        self._sync()
+        self.sync()
         wall = time.perf_counter() - t0
         gpu = start.elapsed_time(end) / 1e3 if start is not None else None
         return wall, gpu, sampled
@@ -167,12 +170,39 @@ class PointTimer:
         return walls, gpus, sampled
 
 
-def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generator) -> dict:
-    """One point: the plan built by the real scheduler, timed; then the scheduler's update, timed."""
+def energy_meter(device: torch.device):
+    """An ``calibration.power.EnergyMeter`` of ``device``, or None (with the reason printed) where NVML does not
+    answer: the sweep then measures no energy."""
+    if device.type != "cuda":
+        return None
+    from calibration.power import card_meter
+
+    return card_meter(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pass_energy(timer: PointTimer, plan, meter, seconds: float) -> dict:
+    """Joules and seconds per pass of ``plan`` replayed back to back (``timer``'s runner) for about ``seconds``
+    (at least 10 passes) under ``meter``, an ``EnergyMeter``: NVML's counter updates too rarely to time one pass."""
+    n = max(10, math.ceil(seconds / max(timer.once(plan)[0], 1e-6)))
+    run = timer.runner.run
+    with meter:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            run(plan)
+        timer.sync()
+        elapsed = time.perf_counter() - t0
+    return {"joules": meter.joules / n, "energy_pass_s": elapsed / n, "energy_passes": n}
+
+
+def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generator, meter=None,
+            energy_s: float = 0.0) -> dict:
+    """One point: the plan built by the real scheduler, timed; then the scheduler's update, timed; with a
+    ``meter``, also the pass's energy (``pass_energy``)."""
     sched, plan, sched_s = plans.build_plan(spec, llm.num_kv_blocks, llm.block_size, rng,
                                             llm.model_config.vocab_size, llm.max_model_len)
     try:
         walls, gpus, sampled = timer.time(plan)
+        energy = pass_energy(timer, plan, meter, energy_s) if meter is not None and energy_s > 0 else {}
         t0 = time.perf_counter()
         sched.update(plan, sampled, 0.0)
         update_s = time.perf_counter() - t0
@@ -190,6 +220,7 @@ def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generat
     if gpus[0] is not None:
         point["gpu_s"] = float(np.median(gpus))
         point["gpu_repeats"] = [round(g, 7) for g in gpus]
+    point.update(energy)
     return point
 
 
@@ -216,15 +247,22 @@ def read_points(path: Path) -> tuple[dict | None, list[dict]]:
                 if f"{name}_repeats" in row and f"{name}_repeats" in p:
                     p[f"{name}_repeats"] = p[f"{name}_repeats"] + row[f"{name}_repeats"]
                     p[f"{name}_s"] = float(np.median(p[f"{name}_repeats"]))
+            if "joules" in row and "joules" in p:  # energy: per pass over all rounds' replays
+                n, m = p["energy_passes"], row["energy_passes"]
+                for key in ("joules", "energy_pass_s"):
+                    p[key] = (p[key] * n + row[key] * m) / (n + m)
+                p["energy_passes"] = n + m
     return header, list(points.values())
 
 
 def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda", seed: int = 0,
               block_size: int = 16, gpu_memory_utilization: float = 0.9, time_budget_s: float | None = None,
               max_points: int | None = None, progress: bool = True,
-              specs: list[plans.PassSpec] | None = None, rounds: int = 1) -> tuple[dict, list[dict]]:
+              specs: list[plans.PassSpec] | None = None, rounds: int = 1,
+              energy_s: float = 0.25) -> tuple[dict, list[dict]]:
     """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given) not yet in ``points_path``, until
-    the time budget, until each is measured ``rounds`` times; returns (meta, all points)."""
+    the time budget, until each is measured ``rounds`` times; returns (meta, all points). ``energy_s`` > 0: also
+    each pass's energy where NVML answers (``pass_energy``; 0 measures none)."""
     from tqdm import tqdm
 
     if dtype not in DTYPES:
@@ -237,8 +275,13 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
     torch.manual_seed(seed)
     llm = make_engine(model, dtype, device, seed, block_size, gpu_memory_utilization)
     dev = llm.device
+    meter = energy_meter(dev) if energy_s > 0 else None
     if header is None:
         header = sweep_meta(llm, model, dtype, dev, device_ceilings(dev))
+        if meter is not None:
+            from calibration.power import idle_watts
+
+            header.update(idle_w=idle_watts(meter), power_limit_w=meter.limit_w)
         points_path.parent.mkdir(parents=True, exist_ok=True)
         with points_path.open("a") as f:
             f.write(json.dumps({"header": header}) + "\n")
@@ -247,6 +290,9 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
     elif header.get("mixed_graph_buckets", []) != mixed_graph_buckets(llm):
         raise ValueError(f"{points_path} was measured with mixed-graph buckets {header.get('mixed_graph_buckets')}, "
                          f"this engine has {mixed_graph_buckets(llm)}; choose another --out or delete it")
+    elif meter is not None and "idle_w" not in header:
+        print(f"{points_path} was started without energy figures; its new points get none either", flush=True)
+        meter = None
     if specs is None:
         specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed)
     if max_points is not None:
@@ -265,7 +311,7 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
             for spec in tqdm(todo, desc=f"profile {model}", disable=not progress, unit="pass"):
                 if time_budget_s is not None and time.monotonic() - start > time_budget_s:
                     break
-                f.write(json.dumps(measure(llm, spec, timer, rng)) + "\n")
+                f.write(json.dumps(measure(llm, spec, timer, rng, meter, energy_s)) + "\n")
                 f.flush()
     finally:
         gc.unfreeze()

@@ -12,9 +12,10 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
   the replicas over worker processes, with identical results.
 - ``request_log``, ``token_stats``: per-request aggregates and streaming inter-token statistics (FastGen's
   EWM and cumulative SLA statistics, a log-spaced gap histogram), so memory stays bounded on long runs.
-- ``metrics``: percentiles, throughput, FastGen effective throughput, goodput, steady-state rates, confidence
-  intervals, the summary table, and ``requests.csv`` (``audit_frame``); ``units``: each summary key's meaning,
-  unit and printed form.
+- ``metrics``: percentiles, throughput, FastGen effective throughput, goodput, steady-state rates, energy
+  (joules per request, fleet power, kWh, where the profile has an energy section), confidence intervals, the
+  summary table, and ``requests.csv`` (``audit_frame``); ``units``: each summary key's meaning, unit and printed
+  form.
 - ``capacity``: replications over seeds, load sweeps, the capacity search (steady state, bracketed) and paired
   comparisons of configurations.
 - ``run_config``: what a run was (profile, card, policy, workload, seeds, SLA, commit).

@@ -54,7 +54,8 @@ def _cost_model(cost) -> CostModel:
 class SimResult:
     """Everything one replication produced. ``requests`` (one row per request), ``replicas`` and ``kv`` are
     DataFrames, built on first access (pandas is imported only then); ``columns`` holds the requests as numpy
-    columns and ``replica_rows`` the replicas as dicts."""
+    columns and ``replica_rows`` the replicas as dicts. ``energy_j``: the fleet's energy from the first arrival to
+    the last finish (each replica's ``energy_j``; NaN where a replica's cost model has no energy figures)."""
 
     def __init__(self, columns: dict, replica_rows: list[dict], kv_parts: list[tuple], tokens_per_pass: np.ndarray,
                  log: RequestLog, config: ClusterConfig, seed: int, meta: dict | None = None) -> None:
@@ -67,6 +68,10 @@ class SimResult:
         self.meta = meta or {}
         self._kv_parts = kv_parts  # (replica, times, usages) per replica
         self._frames: dict = {}
+
+    @property
+    def energy_j(self) -> float:
+        return float(sum(r["energy_j"] for r in self.replica_rows))
 
     @property
     def requests(self):
@@ -374,13 +379,18 @@ def _progress_bar(total: int):
 def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: int, meta: dict) -> SimResult:
     columns = log.to_columns()
     span = float(columns["finish"].max() - columns["arrival"].min()) if len(columns["id"]) else 0.0
+    costs = config.costs()
     rows = []
     for r in replicas:
         passes, hist, kv_usage = r["passes"], r["tokens_per_pass"], r["kv_usage"]
+        tokens = float(np.dot(np.arange(len(hist)), hist))
+        energy = getattr(costs[r["index"]], "energy", None)  # a profile's energy model, if it has one
         rows.append({"replica": r["index"], "requests": r["requests"], "passes": passes,
                      "busy_time": r["busy_time"], "busy_share": r["busy_time"] / span if span else float("nan"),
                      "preemptions": r["preemptions"],
-                     "mean_tokens_per_pass": np.dot(np.arange(len(hist)), hist) / max(passes, 1),
+                     "mean_tokens_per_pass": tokens / max(passes, 1),
+                     "energy_j": float("nan") if energy is None else
+                     energy.run_joules(span, passes, tokens, r["decode_context"], r["prefill_attention"]),
                      "mean_kv_usage": float(np.mean(kv_usage)) if kv_usage else 0.0,
                      "peak_kv_usage": float(np.max(kv_usage)) if kv_usage else 0.0,
                      "kv_blocks": r["kv_blocks"]})

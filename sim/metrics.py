@@ -5,6 +5,9 @@ FastGen (DeepSpeed-MII's benchmark): a request meets the SLA when its first toke
 cumulative variant, token k comes within ``k / rate`` of the first). Throughput is requests / (last finish -
 first arrival); effective throughput = throughput x share meeting the SLA.
 Goodput (as ``vllm bench serve --goodput``): requests/s meeting every given TTFT/TPOT/e2e limit.
+Energy (where the result has it: a simulation, NaN on a profile without energy figures): the fleet's joules from
+the first arrival to the last finish of the whole run (warm-up and cool-down included: passes are not attributed to
+requests), as ``energy_kwh``, ``fleet_power_w`` (its mean power) and ``energy_per_request_j`` (per request run).
 Steady state: ``arrival_rate_rps`` and ``completion_rate_rps`` are the rates of the measured requests' arrivals
 and finishes (inverse least-squares slopes of their sorted times); a run whose queue grows finishes requests
 slower than they arrive. ``audit_frame`` is ``requests.csv``: every per-request number the summary is made of.
@@ -21,7 +24,8 @@ from sim.units import bounds, describe, format_value
 SUMMARY_KEYS = [  # the rows a run's summary table shows (simulate and bench)
     "requests", "throughput_rps", "token_throughput_tps", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95",
     "itl_p95", "itl_p99", "e2e_p50", "e2e_p99", "queue_delay_mean", "sla_share", "effective_throughput_rps",
-    "goodput_rps", "preemptions", "mean_busy_share", "mean_tokens_per_pass", "failed"]
+    "goodput_rps", "preemptions", "mean_busy_share", "mean_tokens_per_pass", "energy_per_request_j", "fleet_power_w",
+    "energy_kwh", "failed"]
 
 GENERATION_RATES = (1, 2, 3, 4, 6, 8)
 PERCENTILES = (50, 90, 95, 99)
@@ -121,6 +125,13 @@ def summarize(result, sla: SLA | None = None) -> dict:
     out["mean_busy_share"] = float(np.mean([r["busy_share"] for r in reps]))
     out["mean_tokens_per_pass"] = float(np.sum(np.array([r["mean_tokens_per_pass"] for r in reps]) * passes)
                                         / max(int(passes.sum()), 1))
+    energy = getattr(result, "energy_j", None)
+    if energy is not None:
+        run = len(cols["id"])
+        run_span = float(cols["finish"].max() - cols["arrival"].min()) if run else float("nan")
+        out["energy_kwh"] = energy / 3.6e6
+        out["fleet_power_w"] = energy / run_span if run and run_span > 0 else float("nan")
+        out["energy_per_request_j"] = energy / run if run else float("nan")
     return out
 
 

@@ -2,7 +2,8 @@
 
 Per pass: ``plan = scheduler.schedule(now)``; wait the cost model's latency of that plan (times a noise factor
 drawn from the profile's measured spread); ``scheduler.update(plan, None, now)``. An idle replica waits for
-an arrival event.
+an arrival event. The replica sums its passes' decode context and prompt attention (with its token histogram and
+pass count, what a profile's linear energy model needs: ``sim.cluster`` turns them into joules).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Replica:
         self.outstanding_tokens = 0
         self.num_requests = 0
         self.busy_time = 0.0
+        self.decode_context = 0  # summed over passes
+        self.prefill_attention = 0
         self.tokens_per_pass = [0] * (policy.max_num_batched_tokens + 1)
         self.kv_times: list[float] = []
         self.kv_usage: list[float] = []
@@ -103,6 +106,8 @@ class Replica:
                 factors = factors or self._noise_factors()
                 seconds *= factors.pop()
             self.busy_time += seconds
+            self.decode_context += features.decode_context
+            self.prefill_attention += features.prefill_attention
             hist[features.num_tokens] += 1
             end = now + seconds  # what SimPy's clock would read after ``timeout(seconds)`` at ``now``
             if not end < env.peek():
@@ -136,6 +141,7 @@ class Replica:
         s = self.scheduler.stats()
         return {"index": self.index, "requests": self.num_requests, "passes": s.num_passes,
                 "busy_time": self.busy_time, "preemptions": s.num_preemptions,
+                "decode_context": self.decode_context, "prefill_attention": self.prefill_attention,
                 "tokens_per_pass": self.tokens_per_pass, "kv_times": self.kv_times, "kv_usage": self.kv_usage,
                 "kv_blocks": s.num_blocks}
 

@@ -33,6 +33,9 @@ FIXED = {
     "mean_busy_share": ("replica busy time", "%"),
     "mean_tokens_per_pass": ("tokens per pass (mean)", "tokens"),
     "rate": ("arrival rate", "req/s"),
+    "energy_per_request_j": ("energy per request (whole run)", "J"),
+    "fleet_power_w": ("fleet power (mean over the run)", "W"),
+    "energy_kwh": ("fleet energy (whole run)", "kWh"),
 }
 
 

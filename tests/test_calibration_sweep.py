@@ -50,7 +50,7 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
     assert result.exit_code == 0, result.output
     assert "KV capacity" in result.output and json.loads(out.read_text())["meta"]["card"] == "cpu"
     result = CliRunner().invoke(profile_cmd, ["--check", str(out)])
-    assert result.exit_code == 0 and "held-out" in result.output
+    assert result.exit_code == 0 and "held-out" in result.output, result.output
 
 
 def test_measure_records_the_graph_path_and_its_padded_tokens():

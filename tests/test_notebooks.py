@@ -13,9 +13,9 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 UNITS = r"(req/s|tokens/s|tokens per pass| s\b|ms\b|%)"
 
 
-def test_the_four_notebooks_of_the_analysis_are_there():
+def test_the_notebooks_of_the_analysis_are_there():
     assert [p.name for p in NOTEBOOKS] == ["01_cost_curves.ipynb", "02_schedulers.ipynb", "03_load_balancing.ipynb",
-                                           "04_sim_vs_engine.ipynb"]
+                                           "04_sim_vs_engine.ipynb", "05_scaling.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

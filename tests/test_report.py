@@ -57,7 +57,7 @@ def test_every_summary_row_has_a_unit_and_no_raw_keys(html):
     rows = re.findall(r"<tr>\s*<th>([^<]+)</th>\s*<td>([^<]+)</td>\s*<td>([^<]+)</td>", summary)
     assert len(rows) >= 15
     for name, mean, interval in rows:
-        assert re.search(r"(s|req/s|tokens/s|tokens|%|requests)$|^\d[\d,]*$", mean), (name, mean)
+        assert re.search(r"(s|req/s|tokens/s|tokens|%|requests| J| W|kWh)$|^\d[\d,]*$", mean), (name, mean)
         assert " to " in interval, (name, interval)
         assert not re.search(r"-\d|\b(10[1-9]|1[1-9]\d)\.\d%", interval), (name, interval)  # within the range
     assert not re.search(r"\b(ttft_p95|sla_share|throughput_rps)\b", summary)

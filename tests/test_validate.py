@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
-from calibration.profile import load_profile  # noqa: E402
+from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures  # noqa: E402
 from sim.validate import make_cells, parse_mix, steady_throughput, validate  # noqa: E402
@@ -83,7 +83,7 @@ def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_pro
     """Fitted on the warm-up and overload runs: the served step per path, the loop's work, admission, delivery."""
     out, output = run
     served = load_profile(out / "served.json")
-    assert json.loads((out / "served.json").read_text())["version"] == 3
+    assert json.loads((out / "served.json").read_text())["version"] == VERSION
     s = served.serving
     assert s is not None and "serving: loop" in output
     assert s.fit["loop"]["n"] >= 10 and s.fit["admission"]["n"] >= 10 and s.fit["delivery"]["n"] >= 10

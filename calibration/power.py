@@ -1,6 +1,9 @@
-"""The card's energy and power through NVML (nvidia-ml-py), for benchmarks that ask whether the power cap binds.
+"""The card's energy and power through NVML (nvidia-ml-py): the calibration sweep's joules per pass
+(``calibration.sweep``), and the benchmarks that ask whether the power cap binds (``benchmarks.pass_energy_gpu``,
+``benchmarks.engine_gpu``).
 
-Imports without nvidia-ml-py; ``device_handle`` then raises ImportError (``engine_gpu`` runs on without energy)."""
+Imports without nvidia-ml-py; ``device_handle`` then raises ImportError (the sweep and ``engine_gpu`` run on without
+energy)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,19 @@ def device_handle(index: int):
 def power_limit_w(handle) -> float:
     """The enforced power limit: the card lowers its clocks to stay under it."""
     return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+
+
+def card_meter(index: int):
+    """An ``EnergyMeter`` of card ``index`` with its power limit as ``limit_w``, or None (the reason printed) where
+    NVML does not answer: the caller then measures no energy."""
+    try:
+        handle = device_handle(index)
+        meter = EnergyMeter(handle)
+        meter.limit_w = power_limit_w(handle)
+        return meter
+    except Exception as e:  # ImportError, or NVMLError where the driver library is missing
+        print(f"no energy figures: {e!r}", flush=True)
+        return None
 
 
 def idle_watts(meter, seconds: float = 1.0) -> float:
