@@ -15,8 +15,10 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
 - ``metrics``: percentiles, throughput, FastGen effective throughput, goodput, steady-state rates, confidence
   intervals, the summary table, and ``requests.csv`` (``audit_frame``); ``units``: each summary key's meaning,
   unit and printed form.
-- ``capacity``: replications over seeds, load sweeps, the capacity search (steady state, bracketed) and paired
-  comparisons of configurations.
+- ``steady_state``: the warm-up rule (MSER-5), batch means and the queue's growth over a run.
+- ``capacity``: replications over seeds, load sweeps, the steady-state capacity search (run lengths grown until
+  its intervals decide, never a rate whose queue grows) and paired comparisons of configurations.
+- ``parallel``: ``run_map``, where independent runs go (local processes or Ray), with the same results either way.
 - ``run_config``: what a run was (profile, card, policy, workload, seeds, SLA, commit).
 - ``report``, ``report_figures``: ``report.html``; ``cli``: ``splitfuse simulate``.
 - ``validation_example``: the example validation grid (the simulator against itself, not a GPU measurement).
