@@ -10,6 +10,7 @@ import click
 SUBCOMMANDS = {
     "generate": ("engine.generate_cli", "generate", "Generate text with the engine (LLM pipeline)."),
     "simulate": ("sim.cli", "simulate", "Simulate a cluster of replicas on a calibrated profile."),
+    "plan": ("sim.plan_cli", "plan", "Find the cheapest fleet that meets an SLA at a target request rate."),
     "profile": ("calibration.cli", "profile", "Profile a GPU into a cost model, or --check a profile."),
     "serve": ("engine.server.cli", "serve", "Serve a model over an OpenAI-compatible HTTP API."),
     "bench": ("sim.bench", "bench", "Benchmark any OpenAI-compatible server."),
