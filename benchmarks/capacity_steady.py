@@ -22,22 +22,13 @@ def check(workload, config, sla, rate: float, requests: int, seeds, parallel: di
     """The run-length check: ``rate`` at ``requests`` per replication over ``seeds``, all requests counted."""
     import numpy as np
 
-    from sim.capacity import Replication
-    from sim.parallel import run_map
+    from sim.capacity import rerun
 
-    w = dataclasses.replace(workload, rate=rate, num_requests=requests)
-    summaries = run_map(_plain_summary, [Replication(w, config, s, sla) for s in seeds], **parallel)
+    summaries = rerun(dataclasses.replace(workload, rate=rate, num_requests=requests), config, seeds, sla, **parallel)
     shares = [s["sla_share"] for s in summaries]
     return {"rate_rps": rate, "requests": requests, "seeds": list(seeds), "sla_share_mean": float(np.mean(shares)),
             "sla_share_runs": shares, "throughput_rps": float(np.mean([s["throughput_rps"] for s in summaries])),
             "queue_delay_mean_s": float(np.mean([s["queue_delay_mean"] for s in summaries]))}
-
-
-def _plain_summary(task) -> dict:
-    from sim.cluster import simulate
-    from sim.metrics import summarize
-
-    return summarize(simulate(task.workload, task.config, seed=task.seed, workers=1), task.sla)
 
 
 def main(argv=None) -> None:

@@ -27,31 +27,24 @@ RESIM_SEEDS = range(50_000, 50_003)
 
 
 def resimulate(pick: dict, rate: float, target: float) -> dict:
+    """The pick at ``rate`` with new seeds, twice the check's run length, every request counted."""
     import dataclasses
 
     import numpy as np
 
-    from sim.capacity import Replication
+    from sim.capacity import rerun
     from sim.metrics import SLA
-    from sim.parallel import run_map
     from sim.plan import Fleet
     from sim.workload import Workload
 
     fleet = Fleet(pick["counts"], pick["scheduler"], pick["token_budget"], pick["balancer"], pick["usd_per_hour"],
                   pick["replicas"], pick["replicas"])
     workload = dataclasses.replace(Workload(), rate=rate, num_requests=2 * pick["check_requests"])
-    summaries = run_map(_plain_summary, [Replication(workload, fleet.cluster(), s, SLA()) for s in RESIM_SEEDS])
+    summaries = rerun(workload, fleet.cluster(), RESIM_SEEDS, SLA())
     shares = [s["sla_share"] for s in summaries]
     return {"requests": workload.num_requests, "seeds": list(RESIM_SEEDS), "sla_share_runs": shares,
             "sla_share_mean": float(np.mean(shares)), "meets_target": bool(np.mean(shares) >= target),
             "throughput_rps": float(np.mean([s["throughput_rps"] for s in summaries]))}
-
-
-def _plain_summary(task) -> dict:
-    from sim.cluster import simulate
-    from sim.metrics import summarize
-
-    return summarize(simulate(task.workload, task.config, seed=task.seed, workers=1), task.sla)
 
 
 def main(argv=None) -> None:

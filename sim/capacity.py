@@ -79,6 +79,19 @@ def run_replication(task: Replication) -> dict:
     return steady_summary(result, task.sla)
 
 
+def run_summary(task: Replication) -> dict:
+    """The plain summary of one ``Replication``: every measured request, warm-up included (a strict check)."""
+    result = simulate(task.workload, task.config, seed=task.seed, warmup=task.warmup, cooldown=task.cooldown,
+                      workers=1)
+    return summarize(result, task.sla)
+
+
+def rerun(workload: Workload, config: ClusterConfig, seeds, sla: SLA | None = None, **parallel) -> list[dict]:
+    """``run_summary`` of ``workload`` on ``config`` for each of ``seeds``, through ``run_map``: an independent
+    re-simulation of an answer."""
+    return run_map(run_summary, [Replication(workload, config, s, sla) for s in seeds], **parallel)
+
+
 def load_sweep(workload: Workload, config: ClusterConfig, rates, seeds=(0,), sla: SLA | None = None,
                progress: bool = False, backend: str = "local", processes: int | None = None,
                ray_address: str | None = None, warmup: float = 0.0, cooldown: float = 0.0):

@@ -23,8 +23,9 @@ from sim.workload import Workload
 @click.option("--model", default="llama-2-7b", show_default=True,
               help="Without --profile: every priced profile of this model.")
 @click.option("--profile", "profiles", multiple=True, help="Candidate profile (repeat); must be priced in --prices.")
-@click.option("--prices", type=click.Path(dir_okay=False), default=str(PRICES), show_default=True,
-              help="CSV of profile, card, gpus_per_replica, usd_per_gpu_hour, source, as_of.")
+@click.option("--prices", type=click.Path(dir_okay=False), default=None,
+              help="CSV of profile, card, gpus_per_replica, usd_per_gpu_hour, source, as_of (default: the shipped "
+                   "calibration/prices.csv).")
 @click.option("--scheduler", "schedulers", multiple=True, default=[f"splitfuse:{PolicyConfig.token_budget}"],
               show_default=True, help="Candidate scheduler and token budget, NAME:TOKENS (repeat).")
 @click.option("--balancer", "balancers", multiple=True, default=[PolicyConfig.balancer], show_default=True,
@@ -73,6 +74,7 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
     from sim.plan import load_prices, make_plan
 
     start = time.perf_counter()
+    prices = prices or PRICES
     table = load_prices(prices)
     profiles = tuple(profiles) or tuple(p for p in table.index if p.startswith(f"{model}-"))
     if not profiles:

@@ -7,10 +7,18 @@ import pandas as pd
 import pytest
 
 from engine.policy import PolicyConfig
-from sim.capacity import SearchConfig, capacity_answer, capacity_search, judge, max_rate_meeting, paired_comparison
-from sim.cluster import ClusterConfig, simulate
+from sim.capacity import (
+    SearchConfig,
+    capacity_answer,
+    capacity_search,
+    judge,
+    max_rate_meeting,
+    paired_comparison,
+    rerun,
+)
+from sim.cluster import ClusterConfig
 from sim.costs import LinearCost
-from sim.metrics import SLA, summarize
+from sim.metrics import SLA
 from sim.steady_state import mser5_cut, queue_trend
 from sim.workload import Workload
 
@@ -63,7 +71,7 @@ FAST_SLA = SLA(generation_rate=8.0)  # first token within prompt / 512 s: the qu
 
 def share_at(rate: float, requests: int, seeds) -> float:
     w = dataclasses.replace(FAST_WORKLOAD, rate=rate, num_requests=requests)
-    return float(np.mean([summarize(simulate(w, FAST_CONFIG, seed=s), FAST_SLA)["sla_share"] for s in seeds]))
+    return float(np.mean([s["sla_share"] for s in rerun(w, FAST_CONFIG, seeds, FAST_SLA)]))
 
 
 def test_the_answer_holds_at_ten_times_the_requests_and_ten_percent_above_it_does_not():
