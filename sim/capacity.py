@@ -25,6 +25,7 @@ from sim.cluster import ClusterConfig, simulate
 from sim.metrics import FEW_REPLICATIONS, SLA, meets_fastgen_sla, meets_goodput, summarize, t_interval
 from sim.parallel import run_map
 from sim.steady_state import BATCHES, batch_means, lag1_correlation, queue_trend, steady_window
+from sim.units import bounds
 from sim.workload import Workload
 
 STEADY_RATIO = 0.95  # completions slower than this share of arrivals: the queue grows, the rate is not sustained
@@ -171,8 +172,9 @@ class Evaluation:
 def judge(summaries: list[dict], search: SearchConfig) -> tuple[str, bool, dict]:
     """(verdict, whether the intervals are narrow enough to stop growing the runs, the intervals) of one rate's
     replications."""
-    def interval(key):
+    def interval(key):  # Student-t, cut to the metric's range (which holds the true value: decisions unchanged)
         mean, low, high = t_interval(np.array([s[key] for s in summaries], dtype=float), level=search.level)
+        low, high = np.clip([low, high], *bounds(key))
         return float(mean), float(low), float(high)
 
     share = interval(search.column)
