@@ -16,8 +16,14 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
   (joules per request, fleet power, kWh, where the profile has an energy section), confidence intervals, the
   summary table, and ``requests.csv`` (``audit_frame``); ``units``: each summary key's meaning, unit and printed
   form.
-- ``capacity``: replications over seeds, load sweeps, the capacity search (steady state, bracketed) and paired
-  comparisons of configurations.
+- ``steady_state``: the warm-up rule (MSER-5), batch means and the queue's growth over a run.
+- ``capacity``: replications over seeds, load sweeps, the steady-state capacity search (run lengths grown until
+  its intervals decide, never a rate whose queue grows) and paired comparisons of configurations.
+- ``parallel``: ``run_map``, where independent runs go (local processes or Ray), with the same results either way;
+  ``parallel_options``: the --backend, --processes and --ray-address flags.
+- ``plan``: the cheapest fleet meeting an SLA at a target rate (priced in ``calibration/prices.csv``), with
+  ``plan_cli`` (``splitfuse plan``) and ``plan_report`` (``plan.html``).
+- ``scaling``: the replica scaling study's ratios, linearity rule and figure.
 - ``run_config``: what a run was (profile, card, policy, workload, seeds, SLA, commit).
 - ``report``, ``report_figures``: ``report.html``; ``cli``: ``splitfuse simulate``.
 - ``validation_example``: the example validation grid (the simulator against itself, not a GPU measurement).

@@ -14,7 +14,9 @@ import click
 
 from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from engine.policy.options import config_options, pick
+from sim.capacity import SearchConfig
 from sim.cluster import ClusterConfig
+from sim.parallel_options import backend_options
 from sim.sla_options import SLA_CONTEXT, sla_options
 from sim.workload import ARRIVALS, Workload
 
@@ -53,8 +55,13 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
 @sla_options
 @click.option("--rates", default=None, help="Load sweep over these comma-separated rates (requests/s).")
 @click.option("--sweep", default=0, type=int, help="Load sweep over this many rates from 0.2x to 1.2x capacity.")
-@click.option("--sla-target", default=0.9, show_default=True, type=float,
+@click.option("--sla-target", default=SearchConfig.target, show_default=True, type=float,
               help="Share meeting the SLA that a sweep's best rate must reach.")
+@click.option("--max-requests-per-replica", default=SearchConfig.max_requests_per_replica, show_default=True,
+              type=int, help="Capacity search: the longest run it may grow to while undecided (requests per replica).")
+@click.option("--max-queue-growth", default=SearchConfig.max_growth, show_default=True, type=float,
+              help="Capacity search: the queueing-delay growth (s per s of run) a sustained rate may show.")
+@backend_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Write requests.csv, summary.json and report.html here.")
 @click.option("--report", type=click.Choice(REPORTS), default="full", show_default=True,
@@ -84,15 +91,14 @@ def simulate(ctx: click.Context, **options):
 
 def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_requests, prompt_len, output_len,
          max_prompt_len, noise, seed, replications, warmup, cooldown, sla_gen_rate, sla_prompt_rate, cumulative_sla,
-         goodput, rates, sweep, sla_target, out, report, token_times, progress, **policy_options):
+         goodput, rates, sweep, sla_target, max_requests_per_replica, max_queue_growth, backend, processes,
+         ray_address, out, report, token_times, progress, **policy_options):
     options = {**locals(), **policy_options}
     del options["policy_options"]
-    from sim.capacity import capacity_answer, load_sweep
     from sim.cluster import simulate
-    from sim.metrics import SLA, summarize, summary_table
+    from sim.metrics import SLA, few_replications_warning, summarize, summary_table
     from sim.run_config import run_config
     from sim.saturation import estimate_capacity, with_rate
-    from sim.units import format_value, label, number, scale
 
     if progress is None:
         progress = sys.stderr.isatty()
@@ -127,26 +133,66 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
         if workload.arrivals not in ("poisson", "gamma"):
             raise ValueError("--rates/--sweep need open-loop arrivals (--arrivals poisson or gamma)")
         rate_list = _parse_rates(rates) if rates else [capacity * x for x in _linspace(0.2, 1.2, sweep)]
-        sweep_df = load_sweep(workload, config, rate_list, seeds, sla, progress=progress, **kwargs)
-        g = sweep_df.groupby("rate").mean(numeric_only=True)
-        cols = ["throughput_rps", "ttft_p95", "tpot_p95", "itl_p95", "sla_share", "effective_throughput_rps"]
-        table = (g[cols] * [scale(c) for c in cols]).rename(columns=label)  # shares in %
-        table.index = [f"{number(r)} req/s" for r in table.index]
-        click.echo(table.to_string(float_format=number))
-        answer = capacity_answer(sweep_df, sla_target)
-        click.echo(f"highest swept rate with >= {sla_target:.0%} of requests meeting the SLA in steady state: "
-                   + ("none" if answer["rate"] is None else format_value("rate", answer["rate"]))
-                   + (f" (the next, {format_value('rate', answer['next_rate'])}, misses)" if answer["bracketed"]
-                      else " (the top of the sweep: the capacity may be higher)" if answer["rate"] else ""))
-        workload.rate = answer["rate"] or rate_list[0]
+        first = min(SearchConfig.requests_per_replica, max_requests_per_replica // 2)
+        search = SearchConfig(target=sla_target, replications=max(replications, 2), seed=seed,
+                              max_requests_per_replica=max_requests_per_replica, max_growth=max_queue_growth,
+                              requests_per_replica=first)
+        parallel = {"backend": backend, "processes": processes, "ray_address": ray_address}
+        sweep_df, workload = _sweep_and_search(workload, config, rate_list, search, sla, progress, kwargs, parallel)
 
     results = [simulate(workload, config, seed=s, progress=progress, token_times=token_times, **kwargs)
                for s in seeds]
     summaries = [summarize(r, sla) for r in results]
     click.echo(summary_table(summaries).to_string())
+    if few_replications_warning(len(summaries)):
+        click.echo(few_replications_warning(len(summaries)))
     if out:
         ran = run_config(config, workload, seeds, sla, warmup, cooldown)  # a sweep may have changed the rate
         _write_outputs(Path(out), results, summaries, sla, sweep_df, report, token_times, options, ran)
+
+
+def _sweep_and_search(workload, config, rate_list, search, sla, progress, kwargs, parallel):
+    """Print the load sweep's curve, then search for the steady-state capacity from the sweep's bracket; return
+    the sweep's frame and the workload at the answer (run as long as the search needed to decide it)."""
+    import dataclasses
+    import warnings
+
+    from sim.capacity import capacity_answer, capacity_search, load_sweep
+    from sim.metrics import few_replications_warning
+    from sim.units import format_value, label, number, scale
+
+    sweep_df = load_sweep(workload, config, rate_list, search.seeds, sla, progress=progress, **kwargs, **parallel)
+    g = sweep_df.groupby("rate").mean(numeric_only=True)
+    cols = ["throughput_rps", "ttft_p95", "tpot_p95", "itl_p95", "sla_share", "effective_throughput_rps",
+            "queue_growth", "warmup_requests"]
+    table = (g[cols] * [scale(c) for c in cols]).rename(columns=label)  # shares in %
+    table.index = [f"{number(r)} req/s" for r in table.index]
+    click.echo(f"load sweep: {workload.num_requests:,} requests per run, means over {search.replications} seeds, "
+               "each run after its MSER-5 warm-up")
+    click.echo(table.to_string(float_format=number))
+    guess = capacity_answer(sweep_df, search.target)
+    click.echo(f"capacity search: a rate meets when the 95% intervals over {search.replications} replications put "
+               f"the share meeting the SLA at >= {search.target:.0%} and the queue's growth at <= "
+               f"{number(search.max_growth)} s/s; runs double from {search.requests_per_replica:,} up to "
+               f"{search.max_requests_per_replica:,} requests per replica while undecided")
+    if few_replications_warning(search.replications):
+        click.echo(few_replications_warning(search.replications))
+
+    def show(e):
+        click.echo(f"  {format_value('rate', e.rate):>14s}: {e.verdict:9s} share {e.share[0]:.1%} "
+                   f"({e.share[1]:.1%} to {e.share[2]:.1%}), queue growth {e.growth[0]:+.4f} s/s, "
+                   f"{e.requests:,} requests x {search.replications}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the few-replications warning is printed above
+        answer = capacity_search(workload, config, sla, search, low=guess["rate"], high=guess["next_rate"],
+                                 on_evaluation=show, **parallel)
+    click.echo(f"sustainable rate with >= {search.target:.0%} of requests meeting the SLA in steady state: "
+               + ("none" if answer.rate is None else format_value("rate", answer.rate))
+               + ("" if answer.misses_at is None else f" (misses at {format_value('rate', answer.misses_at)})"))
+    rate = answer.rate or answer.evaluations[0].rate
+    n = max(workload.num_requests, answer.requests or 0)
+    return sweep_df, dataclasses.replace(workload, rate=rate, num_requests=n)
 
 
 def _write_outputs(out: Path, results, summaries, sla, sweep_df, report, token_times, options, config_rows) -> None:

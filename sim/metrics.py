@@ -15,11 +15,12 @@ slower than they arrive. ``audit_frame`` is ``requests.csv``: every per-request 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.units import bounds, describe, format_value
+from sim.units import describe, format_value
 
 SUMMARY_KEYS = [  # the rows a run's summary table shows (simulate and bench)
     "requests", "throughput_rps", "token_throughput_tps", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95",
@@ -85,13 +86,14 @@ def meets_fastgen_sla(df, rate: float, sla: SLA) -> np.ndarray:
     return prompt_ok & gen_ok
 
 
-def summarize(result, sla: SLA | None = None) -> dict:
+def summarize(result, sla: SLA | None = None, keep=None) -> dict:
     """One flat dict of the measured requests (warm-up/cool-down left out) of a ``SimResult`` or of a server's
     ``sim.bench.MeasuredRun``: their ``columns`` (as ``RequestLog.to_columns`` makes them), ``log.gaps``,
-    ``replica_rows`` and ``seed``."""
+    ``replica_rows`` and ``seed``. ``keep``: a boolean mask of the requests to summarize instead (for example
+    ``sim.steady_state.steady_window``; the inter-token histogram stays that of the measured requests)."""
     sla = sla or SLA()
     cols = result.columns
-    keep = cols["measured"]
+    keep = cols["measured"] if keep is None else np.asarray(keep, dtype=bool)
     m = {name: col[keep] for name, col in cols.items()}
     n = int(keep.sum())
     span = float(m["finish"].max() - m["arrival"].min()) if n else float("nan")
@@ -187,7 +189,8 @@ def meets_goodput(columns, sla: SLA) -> np.ndarray:
 
 
 def t_interval(values, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean and Student-t confidence interval of independent replications along ``axis`` (NaN bounds for one)."""
+    """Mean and Student-t confidence interval of independent replications along ``axis`` (NaN bounds for one).
+    Unbounded: for differences and decisions; an interval of a metric that is shown uses ``mean_interval``."""
     from scipy import stats
 
     x = np.asarray(values, dtype=float)
@@ -199,20 +202,54 @@ def t_interval(values, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, 
     return mean, mean - half, mean + half
 
 
+BOOTSTRAP_RESAMPLES = 2000
+FEW_REPLICATIONS = 5  # below this many, intervals over replications are rough (a percentile bootstrap too narrow)
+
+
+def few_replications_warning(replications: int) -> str | None:
+    """The line to print under intervals over ``replications`` runs, if they are too few to trust."""
+    if 1 < replications < FEW_REPLICATIONS:
+        return (f"warning: intervals over {replications} replications are rough (too narrow); use "
+                f"--replications {FEW_REPLICATIONS} or more")
+    return None
+
+
+def mean_interval(values, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean of independent replications along ``axis`` and its percentile-bootstrap interval (seeded, so
+    repeatable): a mean of resampled replications never leaves the range of the replications, so a share's interval
+    stays in [0, 1] and a count's at >= 0. NaN bounds for one replication. Few replications give too narrow an
+    interval: callers warn below ``sim.capacity.FEW_REPLICATIONS``."""
+    from scipy import stats
+
+    x = np.moveaxis(np.asarray(values, dtype=float), axis, 0)
+    mean = x.mean(axis=0)
+    if x.shape[0] < 2:
+        return mean, mean * np.nan, mean * np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # replications that all agree: a degenerate (zero-width) interval is right
+        ci = stats.bootstrap((x,), np.mean, axis=0, method="percentile", confidence_level=level,
+                             n_resamples=BOOTSTRAP_RESAMPLES, vectorized=True,
+                             random_state=np.random.default_rng(0)).confidence_interval
+    low = np.clip(ci.low, x.min(axis=0), x.max(axis=0))  # the percentile of a mean, less its float rounding
+    high = np.clip(ci.high, x.min(axis=0), x.max(axis=0))
+    return mean, low, high
+
+
 def confidence_intervals(summaries, level: float = 0.95):
-    """Mean and Student-t interval of each numeric summary column over independent replications."""
+    """Mean and percentile-bootstrap interval (``mean_interval``) of each numeric summary column over independent
+    replications: inside each metric's range."""
     import pandas as pd
 
     df = pd.DataFrame(summaries).drop(columns=["seed"], errors="ignore")
     df = df.select_dtypes("number")
-    mean, low, high = t_interval(df.to_numpy(dtype=float), level=level)
+    mean, low, high = mean_interval(df.to_numpy(dtype=float), level=level)
     return pd.DataFrame({"mean": mean, "ci_low": low, "ci_high": high, "replications": len(df)}, index=df.columns)
 
 
 def summary_table(summaries, keys=SUMMARY_KEYS, level: float = 0.95):
     """The summary ``keys`` (those present) as a table to print or show: one row per key, named with its unit
-    (``sim.units``), holding the value of one replication, or the mean and confidence interval of several (clipped
-    to the metric's range, ``sim.units.bounds``)."""
+    (``sim.units``), holding the value of one replication, or the mean and confidence interval of several (a
+    percentile-bootstrap one: within the metric's range)."""
     import pandas as pd
 
     keys = [k for k in keys if k in summaries[0]]
@@ -220,8 +257,6 @@ def summary_table(summaries, keys=SUMMARY_KEYS, level: float = 0.95):
     if len(summaries) == 1:
         return pd.DataFrame({"value": [format_value(k, summaries[0][k]) for k in keys]}, index=index)
     ci = confidence_intervals(summaries, level)
-    for k in keys:
-        ci.loc[k, ["ci_low", "ci_high"]] = np.clip(ci.loc[k, ["ci_low", "ci_high"]].to_numpy(dtype=float), *bounds(k))
     return pd.DataFrame({
         "mean": [format_value(k, ci.loc[k, "mean"]) for k in keys],
         f"{level:.0%} CI": [f"{format_value(k, ci.loc[k, 'ci_low'])} to {format_value(k, ci.loc[k, 'ci_high'])}"

@@ -11,7 +11,7 @@ import html
 from pathlib import Path
 
 from sim import report_figures as figures
-from sim.metrics import SLA, summarize, summary_table
+from sim.metrics import SLA, few_replications_warning, summarize, summary_table
 from sim.run_config import run_config
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222;max-width:1500px}
@@ -53,7 +53,8 @@ def write_report(path: str | Path, results, sla: SLA | None = None, sweep=None, 
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
              "<h2>Run configuration</h2>", _table(config.items(), ("setting", "value")),
              f"<h2>Summary</h2><p class='note'>Measured requests of {n} replication{'s' if n > 1 else ''}"
-             + (": mean and 95% Student-t confidence interval over them." if n > 1 else
+             + (": mean and 95% percentile-bootstrap confidence interval over them."
+                + (f" {few_replications_warning(n)}." if few_replications_warning(n) else "") if n > 1 else
                 " (one replication: no confidence interval; run --replications 5 for one).") + "</p>",
              summary_table(summaries).to_html(border=0)]
     for i, (heading, note, fig) in enumerate(sections):

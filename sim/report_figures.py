@@ -2,7 +2,8 @@
 per-replica load, tokens per pass and KV use.
 
 Each axis carries one kind of quantity with its unit (latencies in s, rates in req/s, shares in %); a mean over
-replications is drawn with its 95% Student-t band (none with one replication), clipped to the quantity's range.
+replications is drawn with its 95% percentile-bootstrap band (none with one replication), which stays in the
+quantity's range.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sim.metrics import t_interval
-from sim.units import LATENCIES, bounds, label, scale
+from sim.metrics import mean_interval
+from sim.units import LATENCIES, label, scale
 
 COLORS = plotly.colors.qualitative.Plotly
 HEIGHT = 380
@@ -37,9 +38,8 @@ def _band(fig: go.Figure, x, low, high, color: str, name: str, row: int, col: in
 
 def _curve(fig, x, runs, color, name, row, col, key: str, mode="lines+markers", showlegend=True, dash=None):
     """The mean over replications (rows of ``runs``: one per replication) of summary ``key`` with its band, shown
-    in the key's units (shares in %) and clipped to its range."""
-    mean, low, high = t_interval(np.asarray(runs, dtype=float))
-    low, high = np.clip(low, *bounds(key)), np.clip(high, *bounds(key))
+    in the key's units (shares in %)."""
+    mean, low, high = mean_interval(np.asarray(runs, dtype=float))
     mean, low, high = (v * scale(key) for v in (mean, low, high))
     _band(fig, x, low, high, color, name, row, col)
     fig.add_trace(go.Scatter(x=x, y=mean, mode=mode, name=name, line={"color": color, "dash": dash},
@@ -62,8 +62,7 @@ def latency_cdfs(results, points: int = 200) -> go.Figure:
                 values = r.columns[metric][r.columns["measured"]]
                 values = values[~np.isnan(values)]
                 runs.append(np.quantile(values, probs) if values.size else np.full(points, np.nan))
-        mean, low, high = t_interval(np.asarray(runs))
-        low = np.maximum(low, 0.0)  # a latency is never negative
+        mean, low, high = mean_interval(np.asarray(runs))
         color = COLORS[col - 1]
         _band(fig, 100 * probs, low, high, color, metric, 1, col, horizontal=True)
         fig.add_trace(go.Scatter(x=mean, y=100 * probs, mode="lines", name=LATENCIES[metric],
@@ -147,7 +146,7 @@ def replica_load(results) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[m[1] for m in metrics], horizontal_spacing=0.06)
     for col, (metric, title, factor) in enumerate(metrics, start=1):
         runs = np.array([r.replicas.sort_values("replica")[metric].to_numpy(dtype=float) for r in results]) * factor
-        mean, low, high = t_interval(runs)
+        mean, low, high = mean_interval(runs)
         error = None if not np.isfinite(low).any() else {"type": "data", "array": high - mean,
                                                          "arrayminus": mean - low}
         fig.add_trace(go.Bar(x=np.arange(runs.shape[1]), y=mean, error_y=error, name=title,

@@ -12,7 +12,8 @@ import math
 LATENCIES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "inter-token latency", "e2e": "end-to-end latency",
              "queue_delay": "queueing delay"}
 STATISTICS = ("mean", "p50", "p90", "p95", "p99")
-COUNTS = ("requests", "preemptions", "seed", "failed")
+COUNTS = ("requests", "preemptions", "seed", "failed", "warmup_requests")
+SIGNED = ("queue_growth",)  # may be negative (a queue that drains)
 
 # key -> (what it is, unit)
 FIXED = {
@@ -36,6 +37,9 @@ FIXED = {
     "energy_per_request_j": ("energy per request (whole run)", "J"),
     "fleet_power_w": ("fleet power (mean over the run)", "W"),
     "energy_kwh": ("fleet energy (whole run)", "kWh"),
+    "warmup_requests": ("warm-up left out (MSER-5)", "requests"),
+    "queue_growth": ("queueing delay growth", "s/s"),
+    "achieved_ratio": ("completion rate / arrival rate", "ratio"),
 }
 
 
@@ -66,8 +70,10 @@ def label(key: str) -> str:
 
 
 def bounds(key: str) -> tuple[float, float]:
-    """The range a key's true value lies in (stored units): shares in [0, 1], every other metric >= 0. Intervals
-    are clipped to it (a Student-t interval of a few replications can reach past it)."""
+    """The range a key's true value lies in (stored units): shares in [0, 1], a trend any real number, every other
+    metric >= 0."""
+    if key in SIGNED:
+        return (-math.inf, math.inf)
     return (0.0, 1.0) if unit(key) == "%" else (0.0, math.inf)
 
 

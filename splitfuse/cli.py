@@ -14,6 +14,8 @@ import click
 SUBCOMMANDS = {
     "generate": ("engine.generate_cli", "generate", "Generate text with the engine (LLM pipeline).", "engine"),
     "simulate": ("sim.cli", "simulate", "Simulate a cluster of replicas on a calibrated profile.", None),
+    "plan": ("sim.plan_cli", "plan", "Find the cheapest fleet that meets an SLA at a target request rate.",
+             None),
     "profile": ("calibration.cli", "profile", "Profile a GPU into a cost model, or --check a profile.", None),
     "serve": ("engine.server.cli", "serve", "Serve a model over an OpenAI-compatible HTTP API.", "server"),
     "bench": ("sim.bench_cli", "bench", "Benchmark any OpenAI-compatible server.", None),

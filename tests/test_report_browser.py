@@ -68,7 +68,8 @@ def reports(tmp_path_factory):
     for kind in ("full", "light"):
         path = tmp_path_factory.mktemp(kind)
         result = CliRunner().invoke(simulate_cli, ["-n", "150", "--replicas", "2", "--replications", "2",
-                                                   "--rates", "10,20", "--out", str(path), "--report", kind])
+                                                   "--rates", "10,20", "--max-requests-per-replica", "300",
+                                                   "--out", str(path), "--report", kind])
         assert result.exit_code == 0, result.output
         out[kind] = path / "report.html"
     return out

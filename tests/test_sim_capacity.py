@@ -1,9 +1,26 @@
-"""A capacity answer holds in steady state and is bracketed by the sweep; comparisons are decided, not guessed."""
+"""A capacity answer holds in steady state, whatever the run length; comparisons are decided, not guessed."""
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from sim.capacity import capacity_answer, max_rate_meeting, paired_comparison
+from engine.policy import PolicyConfig
+from sim.capacity import (
+    SearchConfig,
+    capacity_answer,
+    capacity_search,
+    judge,
+    max_rate_meeting,
+    paired_comparison,
+    rerun,
+)
+from sim.cluster import ClusterConfig
+from sim.costs import LinearCost
+from sim.metrics import SLA
+from sim.steady_state import mser5_cut, queue_trend
+from sim.workload import Workload
 
 
 def sweep(rates, shares, ratios, seeds=3):
@@ -43,3 +60,61 @@ def test_paired_comparison_decides_what_overlapping_intervals_cannot():
     assert 0.15 < table.loc["b", "diff_from_best"] < 0.25 and table.loc["b", "diff_low"] > 0
     tied = paired_comparison(frame[frame.balancer != "a"], "balancer", "ttft_p95")
     assert not tied.loc["c", "decided"] and not tied.loc["b", "decided"]  # 0.01 apart: not decided
+
+
+# -- the steady-state search -------------------------------------------------------------------------------------
+FAST_COST = LinearCost(base=0.01, per_token=1e-4, noise_sigma=0.05, num_kv_blocks=2000)
+FAST_WORKLOAD = Workload(prompt="uniform:100:500", output="uniform:10:40")
+FAST_CONFIG = ClusterConfig(FAST_COST, replicas=1, policy=PolicyConfig(token_budget=512))
+FAST_SLA = SLA(generation_rate=8.0)  # first token within prompt / 512 s: the queue, not the passes, decides
+
+
+def share_at(rate: float, requests: int, seeds) -> float:
+    w = dataclasses.replace(FAST_WORKLOAD, rate=rate, num_requests=requests)
+    return float(np.mean([s["sla_share"] for s in rerun(w, FAST_CONFIG, seeds, FAST_SLA)]))
+
+
+def test_the_answer_holds_at_ten_times_the_requests_and_ten_percent_above_it_does_not():
+    """Before, the answer moved with the run length: its SLA share was 0.97 at 2,000 requests and 0.27 at 10,000.
+    Re-simulated at 10x the requests that decided it, with new seeds, the answer still meets the SLA (all
+    requests counted, warm-up included) and 10% above it does not."""
+    search = SearchConfig(replications=5, requests_per_replica=300, max_requests_per_replica=2400)
+    answer = capacity_search(FAST_WORKLOAD, FAST_CONFIG, FAST_SLA, search)
+    assert answer.rate is not None and answer.misses_at > answer.rate
+    verdicts = {e.rate: e.verdict for e in answer.evaluations}
+    assert verdicts[answer.rate] == "meets" and verdicts[answer.misses_at] == "misses"
+    assert all(v != "meets" for r, v in verdicts.items() if r > answer.rate)
+    n = 10 * answer.requests
+    new_seeds = range(1000, 1003)
+    assert share_at(answer.rate, n, new_seeds) >= search.target
+    assert share_at(1.1 * answer.rate, n, new_seeds) < search.target
+
+
+def test_judge_misses_a_growing_queue_and_waits_on_correlated_batches():
+    search = SearchConfig(replications=3)
+
+    def runs(share, growth, lag1=0.0, ratio=1.0):
+        return [{"sla_share": share + d, "queue_growth": growth + d / 10, "sla_share_lag1": lag1,
+                 "achieved_ratio": ratio} for d in (-0.005, 0.0, 0.005)]
+
+    assert judge(runs(0.99, 0.0), search)[0] == "meets"
+    assert judge(runs(0.99, 0.05), search)[0] == "misses"  # the share still looks fine: the queue grows
+    assert judge(runs(0.99, 0.0, ratio=0.9), search)[0] == "misses"
+    assert judge(runs(0.5, 0.0), search)[0] == "misses"
+    assert judge(runs(0.99, 0.0, lag1=0.6), search)[0] == "undecided"  # batches remember: run longer
+    assert judge(runs(0.5, 0.0, lag1=0.6), search)[0] == "undecided"
+
+
+def test_mser5_leaves_out_an_initial_transient_and_little_else():
+    rng = np.random.default_rng(0)
+    stationary = rng.normal(1.0, 0.1, 2000)
+    assert mser5_cut(stationary) <= 100
+    transient = stationary.copy()
+    transient[:300] += np.linspace(5.0, 0.0, 300)
+    assert 150 <= mser5_cut(transient) <= 400 and mser5_cut(transient) % 5 == 0
+
+
+def test_queue_trend_is_the_growth_of_the_wait_per_second():
+    t = np.linspace(0, 100, 1000)
+    assert queue_trend(t, 0.05 * t + 1.0) == pytest.approx(0.05)
+    assert abs(queue_trend(t, np.random.default_rng(1).normal(1.0, 0.1, t.size))) < 0.005

@@ -1,0 +1,63 @@
+"""``splitfuse plan``: the cheapest fleet that meets the SLA, checked whole, with intervals; prices with sources."""
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from sim.plan import Fleet, PlanConfig, ReplicaCapacity, cheapest_mix, fleets, load_prices
+from sim.plan_cli import plan
+
+PRICES = pd.DataFrame({"card": ["A", "B"], "gpus_per_replica": [1, 1], "usd_per_gpu_hour": [3.0, 4.0],
+                       "source": ["s", "s"], "as_of": ["x", "x"]}, index=pd.Index(["a", "b"], name="profile"))
+
+
+def capacity(profile, rate):
+    return ReplicaCapacity(profile, "splitfuse", 768, rate, 0.9 * rate, 1.5 * rate, 1.6 * rate, (0.95, 1.05))
+
+
+def test_fleets_are_sized_priced_and_ranked_with_mixes_of_two_cards():
+    """A at 3 USD/h sustains 6 req/s, B at 4 USD/h 9 req/s: for 20 req/s, 4 x A = 12 USD/h, 3 x B = 12 USD/h,
+    and the mix 2 x A + 1 x B (21 req/s) = 10 USD/h is the cheapest."""
+    caps = [capacity("a", 6.0), capacity("b", 9.0)]
+    assert cheapest_mix(caps[0], caps[1], 20.0, PRICES)[0] == {"a": 2, "b": 1}
+    ranked = fleets(caps, PlanConfig(20.0, ("a", "b"), balancers=("round-robin", "least-requests")), PRICES)
+    assert [f.usd_per_hour for f in ranked] == sorted(f.usd_per_hour for f in ranked)
+    assert ranked[0].counts == {"a": 2, "b": 1} and ranked[0].usd_per_hour == 10.0
+    assert {f.balancer for f in ranked[:2]} == {"round-robin", "least-requests"}
+    one_card = next(f for f in ranked if f.counts == {"a": 4})
+    assert (one_card.replicas_low, one_card.replicas_high) == (3, 4)  # 20 req/s over 9 and over 5.4 req/s each
+
+
+def test_a_mixed_fleet_interleaves_its_cards():
+    fleet = Fleet({"llama-2-7b-h100-bf16": 2, "llama-2-7b-h200-bf16": 1}, "splitfuse", 768, "round-robin", 10.0, 3, 3)
+    cards = [c.meta["card"] for c in fleet.cluster().costs()]
+    assert cards[0] == cards[2] != cards[1]
+
+
+def test_prices_need_a_price_and_a_source(tmp_path):
+    bad = tmp_path / "prices.csv"
+    bad.write_text("profile,card,gpus_per_replica,usd_per_gpu_hour,source,as_of\nx,X,1,0,,2026\n")
+    with pytest.raises(ValueError, match="line 2"):
+        load_prices(bad)
+    assert (load_prices()["source"].str.len() > 0).all()
+
+
+def test_plan_answers_a_small_target_and_its_pick_meets_at_the_check(tmp_path):
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(plan, ["--rate", "12", "--replications", "2", "--max-requests-per-replica", "400",
+                                       "--fit-resamples", "2", "--check-replications", "2",
+                                       "--check-requests-per-replica", "60", "--processes", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "cheapest fleet meeting the SLA" in result.output and "intervals over 2 replications" in result.output
+    table = pd.read_csv(out / "plan.csv")
+    assert list(table["cost (USD/h)"]) == sorted(table["cost (USD/h)"])
+    picked = table[table["check"] == "meets"]
+    assert len(picked) == 1 and (table.loc[:picked.index[0], "check"].iloc[:-1] != "meets").all()
+    assert "cost (USD/h)" in table and "rate per replica (req/s)" in table
+    summary = json.loads((out / "plan.json").read_text())
+    caps = summary["capacities"]
+    assert all(c["low"] <= c["rate"] <= (c["high"] or float("inf")) for c in caps)
+    html = (out / "plan.html").read_text()
+    assert html.count("plotly-graph-div") >= 3 and "cost (USD/h)" in html
