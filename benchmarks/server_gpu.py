@@ -104,7 +104,8 @@ def client_share(url: str, model: str, batch, t_start: float) -> list:
     table = SimpleNamespace(prompt_tokens=[len(p) for p, _ in batch], output_tokens=[o for _, o in batch],
                             arrivals=None)
     time.sleep(max(0.0, t_start - time.perf_counter()))
-    return asyncio.run(run_workload(url, model, table, [p for p, _ in batch], len(batch), 1800, t0=t_start))
+    return asyncio.run(run_workload(url, model, table, [p for p, _ in batch], len(batch), 1800, t0=t_start,
+                                    ids=range(len(batch))))
 
 
 def run_server(a) -> dict:

@@ -252,6 +252,10 @@ class Measured:
 def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes: int, timeout: float) -> Measured:
     workload = cell.workload(rate)
     table = workload.generate(cell.seed)
+    # The engine (and the simulated one) ends a request at the context limit; the server rejects a max_tokens past
+    # it, as vLLM does, so ask for what the engine would give.
+    table = dataclasses.replace(table, output_tokens=np.minimum(table.output_tokens,
+                                                                server.info["max_model_len"] - table.prompt_tokens))
     # Token ids of the cell's own (the lengths are the seed's): a prompt sent again in a later cell would hit the
     # engine's prefix cache, which the simulator's requests do not.
     prompts = make_prompts(np.random.default_rng([cell.seed, 0xB0, zlib.crc32(repr(cell).encode())]),

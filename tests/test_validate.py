@@ -172,3 +172,15 @@ def test_saturation_is_the_steady_rate_even_when_batches_finish_together():
     assert steady_throughput(continuous, 50) == pytest.approx(10, rel=0.05)
     with pytest.raises(ValueError, match="need 300"):
         steady_throughput(one_batch, 100)
+
+
+def test_requests_at_the_context_limit_ask_for_what_the_engine_gives(cpu_profile, tmp_path):
+    # prompts of up to 40 tokens and 5 new ones overrun a 42-token context: the server refuses such a max_tokens
+    # (as vLLM does), so the client asks for what the engine (and the simulated engine) would produce
+    out = tmp_path / "v"
+    args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256",
+            "--max-model-len", "42", "--mix", MIX, "--loads", "0.5", "-n", "10", "--warmup", "4",
+            "--client-processes", "1", "--out", str(out)]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 0, result.output
+    assert (pd.read_csv(out / "validation.csv").requests == 10).all()
