@@ -22,8 +22,10 @@ from calibration.serving import ServingModel
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
-VERSION = 4  # 3: an optional "serving" section; 4: an optional "energy" section; versions 2-3 are read too
-READS = (2, 3, 4)
+# 3: an optional "serving" section; 4: an optional "energy" section; 5: the serving section's delivery grows with a
+# pass's sampled entries. Versions 2-4 are read too.
+VERSION = 5
+READS = (2, 3, 4, 5)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -73,10 +75,10 @@ class Profile:
             return np.zeros(len(prompt_tokens))
         return self.serving.admission_seconds(prompt_tokens, uniforms)
 
-    def delivery_seconds(self, uniforms) -> list[float]:
-        """From the end of a pass until the client has its tokens, per uniform draw (0 without a serving
-        section)."""
-        return [0.0] * len(uniforms) if self.serving is None else self.serving.delivery_seconds(uniforms)
+    def delivery_seconds(self, num_samples: int) -> float:
+        """From the end of a pass that sampled ``num_samples`` entries until the client has its tokens (0 without a
+        serving section)."""
+        return 0.0 if self.serving is None else self.serving.delivery_seconds(num_samples)
 
     def noise_factors(self, uniforms) -> list[float]:
         """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the factor for

@@ -12,9 +12,10 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
 - admission, from the client's send until the engine process has the request (HTTP, JSON, tokenizing, the pipe):
   ``admission_per_token_s`` x prompt tokens plus a draw from ``admission_q``, its measured distribution (heavy-
   tailed: a connection being opened, a busy event loop), as quantiles; and delivery, from the end of the pass
-  that made a token until the client has it (the pipe, detokenizing, the stream): ``delivery_q``, its median
-  alone, since a fresh draw per pass would add gaps between one stream's tokens that its tokens, delivered alike,
-  do not have.
+  that made a token until the client has it (the pipe, detokenizing, the stream): ``delivery_q`` (its median
+  alone: a fresh draw per pass would add gaps between one stream's tokens that they do not have) plus
+  ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes and streams a pass's
+  outputs one after another (from profile version 5; older sections have no such term).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PATHS = ("decode-graph", "mixed-graph", "eager")
-NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s")
+NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s")
 QUANTILES = 64  # points kept of each measured delay distribution
 
 
@@ -50,9 +51,11 @@ class ServingModel:
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
-                 path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None) -> None:
+                 path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None,
+                 delivery_per_sample_s: float = 0.0) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.admission_per_token_s = _check("admission_per_token_s", admission_per_token_s)
+        self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         scale = dict(path_scale or {})
@@ -72,10 +75,9 @@ class ServingModel:
         q = self.admission_q
         return self.admission_per_token_s * prompt_tokens + q[(uniforms * len(q)).astype(np.int64)]
 
-    def delivery_seconds(self, uniforms: np.ndarray) -> list[float]:
-        """From the end of a pass until the client has its tokens, one per uniform draw in [0, 1)."""
-        q = self.delivery_q
-        return q[(uniforms * len(q)).astype(np.int64)].tolist()
+    def delivery_seconds(self, num_samples: int) -> float:
+        """From the end of a pass that sampled ``num_samples`` entries until the client has its tokens."""
+        return float(np.median(self.delivery_q)) + self.delivery_per_sample_s * num_samples
 
     def to_dict(self) -> dict:
         return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
@@ -97,7 +99,8 @@ def _line(x, y, name: str) -> tuple[float, float, dict]:
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     A = np.column_stack([np.ones_like(x), x])
-    coef = lsq_linear(A, y, bounds=(0.0, np.inf)).x
+    # one x value pins no slope: the level alone
+    coef = lsq_linear(A, y, bounds=(0.0, np.inf)).x if len(np.unique(x)) > 1 else np.array([np.median(y), 0.0])
     residual = np.abs(y - A @ coef)
     return float(coef[0]), float(coef[1]), {"n": int(len(y)), "x_range": [float(x.min()), float(x.max())],
                                             "median_abs_residual_s": float(np.median(residual)),
@@ -119,9 +122,10 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     """A ``ServingModel`` from served measurements. ``passes``: rows (mappings or a DataFrame) with ``path``,
     ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples`` and ``serving_s``
     (the loop's work before the next step; NaN where the engine then idled). ``requests``: rows with
-    ``prompt_tokens``, ``admission_s`` and ``delivery_s``. Admission's growth with prompt length is the line through
-    the medians of ten prompt-length bins (robust to the tail); what is left, and delivery, are kept as measured
-    distributions."""
+    ``prompt_tokens``, ``admission_s``, ``delivery_s`` and ``num_samples`` (sampled entries of the pass that made the
+    delivered token). Admission's growth with prompt length, and delivery's with the pass's sampled entries, are
+    lines through the medians of ten bins (robust to the tail); what is left of admission is kept as its measured
+    distribution, of delivery the intercept."""
     import pandas as pd
 
     passes, requests = pd.DataFrame(passes), pd.DataFrame(requests)
@@ -134,20 +138,29 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                                "p90": float(np.percentile(ratio, 90))}
     samples, serving = _finite(passes["num_samples"], passes["serving_s"])
     prompts, admission = _finite(requests["prompt_tokens"], requests["admission_s"])
-    (delivery,) = _finite(requests["delivery_s"])
+    sampled, delivery = _finite(requests["num_samples"], requests["delivery_s"])
     for name, n in (("loop", len(serving)), ("admission", len(admission)), ("delivery", len(delivery))):
         if n < min_count:
             raise ValueError(f"fitting the serving {name} needs at least {min_count} measurements, got {n}")
     per_pass, per_sample, loop_fit = _line(samples, serving, "loop")
-    bins = pd.qcut(prompts, min(10, len(np.unique(prompts))), duplicates="drop")
-    medians = pd.DataFrame({"p": prompts, "a": admission}).groupby(bins, observed=True).median()
-    _, per_token, _ = _line(medians["p"], medians["a"], "admission")
+    _, per_token, _ = _line(*_bin_medians(prompts, admission), "admission")
     left = admission - per_token * prompts
+    delivery_base, delivery_per_sample, delivery_fit = _line(*_bin_medians(sampled, delivery), "delivery")
     fit = {"path_scale": scale_fit, "loop": loop_fit,
            "admission": {"n": int(len(admission)), "p50_s": float(np.median(admission)),
                          "mean_s": float(admission.mean()), "p90_s": float(np.percentile(admission, 90))},
            "delivery": {"n": int(len(delivery)), "p50_s": float(np.median(delivery)),
-                        "mean_s": float(delivery.mean()), "p90_s": float(np.percentile(delivery, 90))},
+                        "mean_s": float(delivery.mean()), "p90_s": float(np.percentile(delivery, 90)),
+                        "samples_range": delivery_fit["x_range"]},
            **(source or {})}
-    return ServingModel(per_pass, per_sample, per_token, _distribution(left), [float(np.median(delivery))], scale,
-                        fit)
+    return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
+                        delivery_per_sample)
+
+
+def _bin_medians(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The medians of ``x`` and ``y`` in (up to) ten quantile bins of ``x``."""
+    import pandas as pd
+
+    bins = pd.qcut(x, min(10, len(np.unique(x))), duplicates="drop")
+    medians = pd.DataFrame({"x": x, "y": y}).groupby(bins, observed=True).median()
+    return medians["x"].to_numpy(), medians["y"].to_numpy()

@@ -22,8 +22,8 @@ class CostModel(Protocol):
     a block of uniform draws in [0, 1) to multiplicative factors on those medians (the spread of measured pass
     times), one per draw, in order. The serving path, zero for a bare engine, is drawn alike:
     ``admission_seconds(prompt_tokens, uniforms)`` is the time from a client's send until the engine has a request
-    (arrays, one per request), ``delivery_seconds(uniforms)`` from the end of a pass until the client has its
-    tokens. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
+    (arrays, one per request), ``delivery_seconds(num_samples)`` from the end of a pass that sampled that many entries
+    until the client has its tokens. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
     """
 
     block_size: int
@@ -37,7 +37,7 @@ class CostModel(Protocol):
 
     def admission_seconds(self, prompt_tokens, uniforms): ...
 
-    def delivery_seconds(self, uniforms) -> list[float]: ...
+    def delivery_seconds(self, num_samples: int) -> float: ...
 
 
 @dataclass
@@ -59,8 +59,8 @@ class ConstantCost:
     def admission_seconds(self, prompt_tokens, uniforms):
         return np.full(len(prompt_tokens), self.admission_s)
 
-    def delivery_seconds(self, uniforms) -> list[float]:
-        return [self.delivery_s] * len(uniforms)
+    def delivery_seconds(self, num_samples: int) -> float:
+        return self.delivery_s
 
     def noise_factors(self, uniforms) -> list[float]:
         return [1.0] * len(uniforms)
@@ -85,8 +85,8 @@ class LinearCost:
     def admission_seconds(self, prompt_tokens, uniforms):  # a bare engine's: no serving path
         return np.zeros(len(prompt_tokens))
 
-    def delivery_seconds(self, uniforms) -> list[float]:
-        return [0.0] * len(uniforms)
+    def delivery_seconds(self, num_samples: int) -> float:
+        return 0.0
 
     def predict(self, f: PassFeatures) -> float:
         return (self.base + self.per_token * f.num_tokens + self.per_seq * f.num_seqs

@@ -34,7 +34,6 @@ class Replica:
                                         cost.num_kv_blocks, cost.max_model_len)
         self.noise = noise
         self.rng = np.random.default_rng([seed, index, 0xC057])
-        self.delivery_rng = np.random.default_rng([seed, index, 0xD1])
         self.on_finish = on_finish
         self.on_pass = on_pass  # (replica index, plan, start, end) after each pass, before it is applied
         self.outstanding_requests = 0
@@ -70,21 +69,14 @@ class Replica:
         factors.reverse()
         return factors
 
-    def _deliveries(self) -> list[float]:
-        """The next block of delivery times (pass end to client), drawn from their own seeded stream."""
-        deliveries = self.cost.delivery_seconds(self.delivery_rng.random(NOISE_BLOCK))
-        deliveries.reverse()
-        return deliveries
-
     def run(self):
         # The replica keeps its own clock ``now``. A pass that ends before any other event of the simulation
         # (``env.peek()``) runs without a SimPy timeout: nothing else could happen meanwhile, so the result is the
         # same, and a lone replica skips most of SimPy's per-event work. Before anything that other processes can
         # see (finished requests, going idle) the SimPy clock is brought exactly to ``now``.
-        env, sched, predict = self.env, self.scheduler, self.cost.predict
+        env, sched, predict, delivery = self.env, self.scheduler, self.cost.predict, self.cost.delivery_seconds
         hist, on_finish = self.tokens_per_pass, self.on_finish
         factors: list[float] = []
-        deliveries: list[float] = []
         now = env.now
         while True:
             if not sched.has_unfinished():
@@ -116,8 +108,7 @@ class Replica:
                 self.on_pass(self.index, plan, now, end)
             now = end
             # tokens are the client's a delivery after their pass ends (the serving path)
-            deliveries = deliveries or self._deliveries()
-            finished = sched.update(plan, None, now + deliveries.pop())
+            finished = sched.update(plan, None, now + delivery(features.num_samples))
             if sched.num_passes % self._kv_stride == 0:
                 self._record_kv(now)
             if finished:

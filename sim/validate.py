@@ -480,9 +480,10 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
-    the pass that made the first and the last token to the client's receipt). ``cost``: a profile without a
-    serving section. Requests come from the overload runs alone, sent as the cells are (open loop, fresh client
-    processes): during the warm-up the engine compiles its kernels, which delays admission tenfold."""
+    the pass that made the first and the last token to the client's receipt, with that pass's sampled entries).
+    ``cost``: a profile without a serving section. Requests come from the overload runs alone, sent as the cells
+    are (open loop, fresh client processes): during the warm-up the engine compiles its kernels, which delays
+    admission tenfold."""
     _, runs, traces = load_measured(directory, "calibration")
     passes, requests = [], []
     for name, m, _ in runs:
@@ -494,13 +495,16 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
                            "num_samples": p["num_samples"], "serving_s": p["serving_s"]})
         if m.cell.clients:
             continue
+        # a token's time is the end of the pass that made it
+        sampled_at = {p["end"]: p["num_samples"] for engine in trace_passes for p in engine}
         for r in m.records:
             row = trace_requests[r.response_id]
             sent = m.t0 + r.arrival
             for server_time, client_time in ((row["token_times"][0], r.chunk_times[0]),
                                              (row["token_times"][-1], r.chunk_times[-1])):
                 requests.append({"prompt_tokens": r.prompt_tokens, "admission_s": row["received"] - sent,
-                                 "delivery_s": m.t0 + client_time - server_time})
+                                 "delivery_s": m.t0 + client_time - server_time,
+                                 "num_samples": sampled_at.get(server_time, float("nan"))})
     return passes, requests
 
 
@@ -699,7 +703,8 @@ def _command():
             click.echo(f"serving: loop {serving.per_pass_s * 1e3:.3f} ms a pass + {serving.per_sample_s * 1e6:.2f} "
                        f"us a sampled entry; admission median {fit_['admission']['p50_s'] * 1e3:.2f} ms (mean "
                        f"{fit_['admission']['mean_s'] * 1e3:.2f}; {serving.admission_per_token_s * 1e6:.3f} us a "
-                       f"prompt token); delivery median {fit_['delivery']['p50_s'] * 1e3:.2f} ms; served/swept "
+                       f"prompt token); delivery {serving.delivery_seconds(0) * 1e3:.2f} ms + "
+                       f"{serving.delivery_per_sample_s * 1e6:.2f} us a sampled entry; served/swept "
                        f"step {serving.path_scale}; wrote {fit_serving}")
         compare(measured, cost, out)
         click.echo(f"wrote {out}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")

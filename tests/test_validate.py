@@ -92,14 +92,14 @@ def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_pro
     # Seconds, on a CPU the overload floods (and that other jobs may share): bounds loose enough for a loaded
     # machine that still catch a unit slip (milliseconds read as seconds would be thousands).
     assert (0 < admission).all() and np.median(admission) < 10
-    assert 0 < np.median(s.delivery_seconds(u)) < 5
+    assert 0 < s.delivery_seconds(8) < 5
     assert "eager" in s.fit["path_scale"] and 0.2 < s.path_scale["eager"] < 5
     f = PassFeatures(8, 0, 8, 8, 0, 8 * 30, 0, 8)
     base = load_profile(cpu_profile)
     assert served.predict(f) == pytest.approx(s.path_scale["eager"] * base.predict(f) + s.loop_seconds(8))
     prompts = np.full(50, 100)
     assert (served.admission_seconds(prompts, u) == s.admission_seconds(prompts, u)).all()
-    assert not base.admission_seconds(prompts, u).any() and not any(base.delivery_seconds(u))
+    assert not base.admission_seconds(prompts, u).any() and base.delivery_seconds(8) == 0
 
 
 @pytest.mark.parametrize("mix, loads, clients, message", [

@@ -1,0 +1,75 @@
+"""The serving section's fit (``calibration.serving``) on synthetic measurements, its older form, and how the
+simulated replica charges delivery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from calibration.serving import ServingModel, fit_serving
+from engine.policy import PolicyConfig
+from sim.cluster import ClusterConfig, simulate
+from sim.costs import ConstantCost
+from sim.workload import RequestTable
+
+
+def synthetic(n: int = 2000, seed: int = 0):
+    """Passes whose loop costs 0.1 ms + 10 us a sample; requests whose admission is 3 ms + 0.5 us a prompt token
+    and whose delivery is 1 ms + 50 us per sampled entry of the pass, each with a heavy right tail."""
+    rng = np.random.default_rng(seed)
+    samples = rng.integers(1, 200, n)
+    passes = {"path": ["decode-graph"] * n, "pass_s": np.full(n, 0.0105), "model_s": np.full(n, 0.01),
+              "num_samples": samples, "serving_s": 1e-4 + 1e-5 * samples + rng.exponential(2e-5, n)}
+    prompts = rng.integers(10, 4000, n)
+    requests = {"prompt_tokens": prompts, "admission_s": 3e-3 + 5e-7 * prompts + rng.exponential(1e-3, n),
+                "num_samples": samples, "delivery_s": 1e-3 + 5e-5 * samples + rng.exponential(2e-4, n)}
+    return passes, requests
+
+
+def test_delivery_grows_with_the_passs_sampled_entries():
+    s = fit_serving(*synthetic())
+    assert s.delivery_per_sample_s == pytest.approx(5e-5, rel=0.05)
+    # the intercept carries the tail's median (2e-4 x ln 2)
+    assert s.delivery_seconds(0) == pytest.approx(1e-3 + 2e-4 * np.log(2), rel=0.1)
+    assert s.delivery_seconds(100) == pytest.approx(s.delivery_seconds(0) + 100 * s.delivery_per_sample_s)
+    assert s.per_sample_s == pytest.approx(1e-5, rel=0.1) and s.path_scale["decode-graph"] == pytest.approx(1.05)
+    assert s.admission_per_token_s == pytest.approx(5e-7, rel=0.1)
+    assert ServingModel.from_dict(s.to_dict()).delivery_per_sample_s == s.delivery_per_sample_s
+
+
+def test_one_pass_size_fits_the_level_alone():
+    passes, requests = synthetic()
+    requests["num_samples"] = np.full(len(requests["num_samples"]), 7)
+    s = fit_serving(passes, requests)
+    assert s.delivery_per_sample_s == 0 and s.delivery_seconds(0) == pytest.approx(
+        np.median(requests["delivery_s"]))
+
+
+def test_a_section_of_an_older_profile_delivers_at_its_median():
+    older = {"per_pass_s": 1e-4, "per_sample_s": 1e-5, "admission_per_token_s": 0.0, "admission_q": [0.003],
+             "delivery_q": [0.0025], "path_scale": {}, "fit": {}}  # profile version 3-4: no per-sample term
+    s = ServingModel.from_dict(older)
+    assert s.delivery_seconds(1) == s.delivery_seconds(300) == 0.0025
+    with pytest.raises(ValueError, match="delivery_per_sample_s"):
+        ServingModel.from_dict({**older, "delivery_per_sample_s": -1.0})
+
+
+@dataclass
+class PerSampleDelivery(ConstantCost):
+    """Passes of 10 ms; a pass's tokens reach the client 1 ms per sampled entry after it ends."""
+
+    def delivery_seconds(self, num_samples: int) -> float:
+        return 1e-3 * num_samples
+
+
+def test_the_replica_delivers_each_pass_after_its_own_sampled_entries():
+    alone = RequestTable(arrivals=np.array([0.0]), prompt_tokens=np.array([5]), output_tokens=np.array([3]))
+    pair = RequestTable(arrivals=np.array([0.0, 0.0]), prompt_tokens=np.array([5, 5]),
+                        output_tokens=np.array([3, 3]))
+    config = ClusterConfig(PerSampleDelivery(0.01), replicas=1, policy=PolicyConfig())
+    one = simulate(alone, config, seed=0).requests
+    two = simulate(pair, config, seed=0).requests
+    assert one.ttft.tolist() == pytest.approx([0.011]) and one.e2e.tolist() == pytest.approx([0.031])
+    assert two.ttft.tolist() == pytest.approx([0.012, 0.012]) and two.e2e.tolist() == pytest.approx([0.032] * 2)
