@@ -111,9 +111,10 @@ def test_a_bad_energy_section_is_refused_by_name(tmp_path, mutate, message):
 
 
 def test_the_shipped_sections_are_those_the_benchmark_data_give():
+    """The H200 profile's section is fitted from the benchmark's passes; the H100's was swept (below)."""
     from benchmarks.pass_energy_fit import fit_from_benchmark
 
-    for card in ("h100", "h200"):
+    for card in ("h200",):
         profile = load_profile(f"llama-2-7b-{card}-bf16")
         model, loo = fit_from_benchmark(RESULTS / f"pass_energy_{card}.json", profile)
         assert model.coef == pytest.approx(profile.energy.coef, rel=1e-9)
@@ -198,3 +199,15 @@ def test_without_an_energy_section_the_simulator_reports_nan():
     profile = load_profile("llama-2-7b-h100-bf16").with_energy(None)
     s = summarize(_tiny_run(profile))
     assert all(math.isnan(s[k]) for k in ("energy_kwh", "fleet_power_w", "energy_per_request_j"))
+
+
+def test_the_swept_section_is_the_fit_of_its_own_points():
+    """The H100 profile's section comes from its sweep's NVML joules: refitting its points gives it again."""
+    from calibration.fitting import energy_from_points
+
+    profile = load_profile("llama-2-7b-h100-bf16")
+    assert profile.energy.fit["source"] == "swept" and profile.energy.fit["passes"] >= 200
+    split = {s: [p for p in profile.points if p["split"] == s] for s in ("train", "heldout")}
+    model = energy_from_points(split["train"], split["heldout"], profile.meta)
+    assert model.coef == pytest.approx(profile.energy.coef, rel=1e-9) and model.idle_w == profile.energy.idle_w
+    assert model.fit["heldout"] == pytest.approx(profile.energy.fit["heldout"])
