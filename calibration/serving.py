@@ -47,7 +47,7 @@ def _quantiles(name: str, values: Sequence[float]) -> np.ndarray:
 class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
-    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "fit")
+    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "fit", "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -58,6 +58,7 @@ class ServingModel:
         self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
+        self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
         scale = dict(path_scale or {})
         unknown = [p for p in scale if p not in PATHS]
         if unknown:
@@ -77,7 +78,7 @@ class ServingModel:
 
     def delivery_seconds(self, num_samples: int) -> float:
         """From the end of a pass that sampled ``num_samples`` entries until the client has its tokens."""
-        return float(np.median(self.delivery_q)) + self.delivery_per_sample_s * num_samples
+        return self._delivery_base + self.delivery_per_sample_s * num_samples
 
     def to_dict(self) -> dict:
         return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
