@@ -82,8 +82,13 @@ def prefill_sizes(max_tokens: int = PREFILL_MAX, rng: np.random.Generator | None
 
 
 def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
-                mixed_per_budget: int = 12, random_decodes: int = 40) -> list[PassSpec]:
-    """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly)."""
+                mixed_per_budget: int = 16, random_decodes: int = 96) -> list[PassSpec]:
+    """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly).
+
+    Decodes come two ways: a grid of graph-bucket batch sizes at one context each (the anchors), and random
+    batches as a server forms them: any size, contexts spread around a mean (a served batch mixes lengths, and
+    a partly filled graph bucket costs otherwise than a full one). Mixed passes draw their decode count
+    log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills."""
     rng = np.random.default_rng(seed)
     specs: list[PassSpec] = []
     for t in prefill_sizes(rng=rng):  # (a) pure prefill; split into sequences the context can hold
@@ -95,11 +100,15 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
             t -= n
         specs.append(PassSpec("prefill", chunks=tuple(chunks)))
     top = max_model_len - 1
-    grid = [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS]  # (b) pure decode
-    grid += [(int(rng.integers(1, 513)), int(rng.integers(128, 8193))) for _ in range(random_decodes)]
-    for b, c in grid:
-        specs.append(PassSpec("decode", decode_contexts=(min(c, top - 1),) * b))
+    for b in DECODE_BATCHES:  # (b) pure decode
+        for c in DECODE_CONTEXTS:
+            specs.append(PassSpec("decode", decode_contexts=(min(c, top - 1),) * b))
     kv_tokens = int(0.85 * num_kv_blocks) * block_size
+    for i in range(random_decodes):
+        count = int(rng.integers(1, 65)) if i % 2 else _log_uniform_int(rng, 1, 512)
+        contexts = _spread_contexts(rng, count, 8192, top, kv_tokens, block_size)
+        if contexts:
+            specs.append(PassSpec("decode", decode_contexts=contexts))
     for budget in MIXED_BUDGETS:  # (c) SplitFuse: decodes fill part of the budget, chunks the rest
         for _ in range(mixed_per_budget):
             specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size))
@@ -110,8 +119,9 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
 
 
 def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int) -> PassSpec:
-    """Decodes at random contexts (as many as the KV cache holds) plus 1-3 chunks on cached prefixes."""
-    wanted = int(rng.integers(0, int(0.9 * budget)))
+    """1-3 chunks on cached prefixes, beside a log-uniform count of decodes (0 up to 90% of the budget) whose
+    contexts spread around a random mean, scaled down where the KV cache would not hold them."""
+    wanted = _log_uniform_int(rng, 1, int(0.9 * budget) + 1) - 1
     left = budget - wanted
     num_chunks = min(int(rng.integers(1, 4)), left)
     cuts = np.sort(rng.choice(np.arange(1, left), size=num_chunks - 1, replace=False)) if num_chunks > 1 else []
@@ -124,15 +134,23 @@ def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int,
         remaining = int(rng.integers(0, max(1, top - prefix - n))) if partial else 0
         chunks.append((prefix, n, remaining))
     allowance = kv_tokens - sum(p + n + block_size for p, n, _ in chunks)
-    contexts = []
-    for c in rng.integers(128, min(4096, top - 1) + 1, size=wanted).tolist():
-        allowance -= c + 1 + block_size
-        if allowance < 0:
-            break
-        contexts.append(c)
-    if len(contexts) < wanted:  # the cache holds fewer decodes: the budget goes to a fresh prompt instead
-        chunks.insert(0, (0, wanted - len(contexts), 0))
-    return PassSpec("mixed", decode_contexts=tuple(contexts), chunks=tuple(chunks))
+    contexts = _spread_contexts(rng, wanted, 4096, top, allowance, block_size) if wanted else ()
+    return PassSpec("mixed", decode_contexts=contexts, chunks=tuple(chunks))
+
+
+def _log_uniform_int(rng: np.random.Generator, low: int, high: int) -> int:
+    """An integer in [low, high], log-uniform (small values as often per octave as large ones)."""
+    return min(high, int(np.exp(rng.uniform(np.log(low), np.log(high + 1)))))
+
+
+def _spread_contexts(rng: np.random.Generator, count: int, longest: int, top: int, allowance: int,
+                     block_size: int) -> tuple[int, ...]:
+    """Up to ``count`` decode contexts: a log-uniform mean in [128, ``longest``], each context 0.5-1.5 times it,
+    below ``top``; as many as ``allowance`` KV tokens hold."""
+    mean = np.exp(rng.uniform(np.log(128), np.log(min(longest, top - 1))))
+    contexts = np.clip(mean * rng.uniform(0.5, 1.5, size=count), 1, top - 1).astype(int)
+    taken = np.cumsum(contexts + 1 + block_size)  # each decode's new token, and its last block's unused part
+    return tuple(contexts[taken <= allowance].tolist())
 
 
 def build_plan(spec: PassSpec, num_kv_blocks: int, block_size: int, rng: np.random.Generator, vocab_size: int,
