@@ -82,7 +82,7 @@ def prefill_sizes(max_tokens: int = PREFILL_MAX, rng: np.random.Generator | None
 
 
 def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
-                mixed_per_budget: int = 16, random_decodes: int = 96) -> list[PassSpec]:
+                mixed_per_budget: int = 16, random_decodes: int = 96, max_num_seqs: int = 512) -> list[PassSpec]:
     """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly).
 
     Decodes come two ways: a grid of graph-bucket batch sizes at one context each (the anchors), and random
@@ -111,17 +111,19 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
             specs.append(PassSpec("decode", decode_contexts=contexts))
     for budget in MIXED_BUDGETS:  # (c) SplitFuse: decodes fill part of the budget, chunks the rest
         for _ in range(mixed_per_budget):
-            specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size))
+            specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size, max_num_seqs))
     specs = list(dict.fromkeys(specs))  # capped contexts can repeat a pass
-    fits = [s for s in specs if s.max_len() <= max_model_len and s.blocks_needed(block_size) <= num_kv_blocks]
+    fits = [s for s in specs if s.max_len() <= max_model_len and s.blocks_needed(block_size) <= num_kv_blocks
+            and len(s.decode_contexts) + len(s.chunks) <= max_num_seqs]
     order = rng.permutation(len(fits))
     return [fits[i] for i in order]
 
 
-def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int) -> PassSpec:
-    """1-3 chunks on cached prefixes, beside a log-uniform count of decodes (0 up to 90% of the budget) whose
-    contexts spread around a random mean, scaled down where the KV cache would not hold them."""
-    wanted = _log_uniform_int(rng, 1, int(0.9 * budget) + 1) - 1
+def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int,
+                max_num_seqs: int) -> PassSpec:
+    """1-3 chunks on cached prefixes, beside a log-uniform count of decodes (0 up to 90% of the budget, and no
+    more sequences than a batch takes) at contexts spread around a random mean, as many as the KV cache holds."""
+    wanted = min(_log_uniform_int(rng, 1, int(0.9 * budget) + 1) - 1, max_num_seqs - 3)
     left = budget - wanted
     num_chunks = min(int(rng.integers(1, 4)), left)
     cuts = np.sort(rng.choice(np.arange(1, left), size=num_chunks - 1, replace=False)) if num_chunks > 1 else []

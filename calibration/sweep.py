@@ -294,7 +294,8 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         print(f"{points_path} was started without energy figures; its new points get none either", flush=True)
         meter = None
     if specs is None:
-        specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed)
+        specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed,
+                                  max_num_seqs=MAX_NUM_SEQS)
     if max_points is not None:
         specs = specs[:max_points]
     count = {p["key"]: p["rounds"] for p in done}

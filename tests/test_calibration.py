@@ -337,8 +337,9 @@ def test_sweep_measures_batches_as_a_server_forms_them():
     mixed = [len(s.decode_contexts) for s in specs if s.sweep == "mixed" and s.num_tokens <= 1024]
     octaves = np.histogram(np.log2(np.array(mixed) + 1), bins=[0, 2, 4, 6, 11])[0]
     assert (octaves >= 5).all(), octaves  # 0-2, 3-14, 15-62 and 63+ decodes all measured
-    for spec in specs:  # every pass fits the cache and the context
+    for spec in specs:  # every pass fits the cache, the context and a batch
         assert spec.blocks_needed(16) <= 14000 and spec.max_len() <= 4096
+        assert len(spec.decode_contexts) + len(spec.chunks) <= 512
 
 
 def test_a_specs_features_are_those_of_its_plan():
