@@ -129,7 +129,8 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     distribution, of delivery the intercept."""
     import pandas as pd
 
-    passes, requests = pd.DataFrame(passes), pd.DataFrame(requests)
+    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s"])
+    requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples"])
     scale, scale_fit = {}, {}
     for path, part in passes.groupby("path"):
         (ratio,) = _finite(part["pass_s"] / part["model_s"])
@@ -142,7 +143,9 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     sampled, delivery = _finite(requests["num_samples"], requests["delivery_s"])
     for name, n in (("loop", len(serving)), ("admission", len(admission)), ("delivery", len(delivery))):
         if n < min_count:
-            raise ValueError(f"fitting the serving {name} needs at least {min_count} measurements, got {n}")
+            raise ValueError(f"fitting the serving {name} needs at least {min_count} measurements, got {n}"
+                             + ("" if name == "loop" else " (requests come from open-loop overload runs, which a "
+                                                          "grid of --loads makes)"))
     per_pass, per_sample, loop_fit = _line(samples, serving, "loop")
     _, per_token, _ = _line(*_bin_medians(prompts, admission), "admission")
     left = admission - per_token * prompts

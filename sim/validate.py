@@ -628,6 +628,10 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     return cells
 
 
+def _folder_name(directory: Path) -> str:
+    return directory.name or directory.resolve().name  # "." has no name of its own
+
+
 def _command():
     import click
 
@@ -662,8 +666,10 @@ def _command():
     @click.option("--time-budget", type=click.FloatRange(min=1), default=None,
                   help="Seconds after which no further cell begins (the servers then stop and write their traces).")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-    @click.option("--from", "measured", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
-                  help="Compare the measurements of an earlier run (its --out) instead of measuring: no MODEL.")
+    @click.option("--from", "measured", type=click.Path(file_okay=False, exists=True, path_type=Path), multiple=True,
+                  help="Compare the measurements of an earlier run (its --out) instead of measuring: no MODEL. "
+                       "Repeat for several runs: each is compared into --out/<its folder's name>, and "
+                       "--fit-serving pools their warm-up and overload runs.")
     @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
@@ -678,7 +684,9 @@ def _command():
 
         try:
             cost = load_cost_model(profile)
-            if measured is None:
+            if len({_folder_name(m) for m in measured}) < len(measured):
+                raise ValueError("--from: runs compared together need folders of distinct names")
+            if not measured:
                 if not model:
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
                 cells = make_cells(_schedulers(schedulers), mixes, _numbers(loads, "--loads"),
@@ -688,15 +696,22 @@ def _command():
             raise click.UsageError(str(e)) from None
         if fit_serving and not isinstance(cost, Profile):
             raise click.UsageError("--fit-serving needs a measured profile (--profile NAME|FILE)")
-        if measured is None:
+        if not measured:
             saturation = json.loads((saturation_from / "meta.json").read_text())["saturation_rps"] \
                 if saturation_from else None
             measure(model, cells, out, pick(EngineConfig, engine_options), cost, warmup, client_processes,
                     cell_seconds=cell_seconds, time_budget=time_budget, saturation=saturation, progress=click.echo)
-            measured = out
+            measured = (out,)
         if fit_serving:
             bare = cost.with_serving(None)
-            serving = fit(*serving_measurements(measured, bare), {"traced": str(measured)})
+            passes, requests = [], []
+            for directory in measured:
+                more_passes, more_requests = serving_measurements(directory, bare)
+                passes, requests = passes + more_passes, requests + more_requests
+            try:
+                serving = fit(passes, requests, {"traced": ", ".join(map(str, measured))})
+            except ValueError as e:
+                raise click.ClickException(f"--fit-serving: {e}") from None
             cost = bare.with_serving(serving)
             cost.save(fit_serving)
             fit_ = serving.fit
@@ -706,8 +721,10 @@ def _command():
                        f"prompt token); delivery {serving.delivery_seconds(0) * 1e3:.2f} ms + "
                        f"{serving.delivery_per_sample_s * 1e6:.2f} us a sampled entry; served/swept "
                        f"step {serving.path_scale}; wrote {fit_serving}")
-        compare(measured, cost, out)
-        click.echo(f"wrote {out}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
+        for directory in measured:
+            into = out if len(measured) == 1 else out / _folder_name(directory)
+            compare(directory, cost, into)
+            click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate
 

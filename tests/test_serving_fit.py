@@ -73,3 +73,10 @@ def test_the_replica_delivers_each_pass_after_its_own_sampled_entries():
     two = simulate(pair, config, seed=0).requests
     assert one.ttft.tolist() == pytest.approx([0.011]) and one.e2e.tolist() == pytest.approx([0.031])
     assert two.ttft.tolist() == pytest.approx([0.012, 0.012]) and two.e2e.tolist() == pytest.approx([0.032] * 2)
+
+
+def test_no_requests_to_fit_is_a_clear_error():
+    """A run of closed-loop cells alone has no overload run: passes to fit the loop on, no requests."""
+    passes = [{"path": "decode-graph", "pass_s": 0.01, "model_s": 0.01, "num_samples": 4, "serving_s": 1e-4}] * 20
+    with pytest.raises(ValueError, match="admission needs at least 10 measurements, got 0 .*open-loop overload"):
+        fit_serving(passes, [])

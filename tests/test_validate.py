@@ -184,3 +184,38 @@ def test_requests_at_the_context_limit_ask_for_what_the_engine_gives(cpu_profile
     result = CliRunner().invoke(validate, args)
     assert result.exit_code == 0, result.output
     assert (pd.read_csv(out / "validation.csv").requests == 10).all()
+
+
+def test_runs_compared_together_pool_their_serving_fit(run, cpu_profile, tmp_path):
+    """``--from A --from B`` compares each run into its own folder; ``--fit-serving`` fits on the warm-up and
+    overload runs of both (here the same run twice: twice the passes). A run of closed-loop cells alone has no
+    overload run, so no requests to fit admission and delivery on: a clear error, not a traceback."""
+    import shutil
+
+    out, _ = run
+    for name in ("a", "b"):
+        shutil.copytree(out, tmp_path / name)
+    one = json.loads((out / "served.json").read_text())["serving"]["fit"]
+    args = ["--from", str(tmp_path / "a"), "--from", str(tmp_path / "b"), "--profile", str(cpu_profile),
+            "--out", str(tmp_path / "both"), "--fit-serving", str(tmp_path / "pooled.json")]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 0, result.output
+    pooled = json.loads((tmp_path / "pooled.json").read_text())["serving"]["fit"]
+    assert pooled["loop"]["n"] == 2 * one["loop"]["n"] and pooled["admission"]["n"] == 2 * one["admission"]["n"]
+    for name in ("a", "b"):
+        assert len(pd.read_csv(tmp_path / "both" / name / "validation.csv")) == 2 * 3
+    shutil.copytree(out, tmp_path / "elsewhere" / "a")
+    result = CliRunner().invoke(validate, ["--from", str(tmp_path / "a"), "--from", str(tmp_path / "elsewhere" / "a"),
+                                           "--profile", str(cpu_profile), "--out", str(tmp_path / "same")])
+    assert result.exit_code == 2 and "distinct names" in result.output
+
+    closed = tmp_path / "closed"
+    shutil.copytree(out, closed)
+    rows = [json.loads(line) for line in (closed / "measured.jsonl").read_text().splitlines()]
+    kept = [r for r in rows if r.get("role", "cell") == "cell" or r["cell"]["clients"]]
+    assert len(kept) < len(rows)  # the overload run is gone
+    (closed / "measured.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    result = CliRunner().invoke(validate, ["--from", str(closed), "--profile", str(cpu_profile),
+                                           "--out", str(tmp_path / "c"), "--fit-serving", str(tmp_path / "c.json")])
+    assert result.exit_code == 1 and "--fit-serving: fitting the serving" in result.output
+    assert "needs at least 10 measurements" in result.output and "Traceback" not in result.output
