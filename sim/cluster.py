@@ -177,11 +177,12 @@ PARALLEL_MIN_REQUESTS = 20_000  # below this, starting worker processes costs mo
 def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
              cooldown: float = 0.0, progress: bool = False, workers: int | None = None,
              on_pass: Callable[[int, BatchPlan, float, float], None] | None = None,
-             token_times: bool = False) -> SimResult:
+             token_times: bool = False, workload_seed: int | None = None) -> SimResult:
     """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
     the statistics. An open-loop workload without a rate runs at its ``load`` x the estimated capacity
     (``sim.saturation.with_rate``); ``result.meta["workload"]`` is the workload as run. ``token_times``: keep
-    every token's time (``result.token_times``).
+    every token's time (``result.token_times``). ``workload_seed`` (default ``seed``) generates the workload's
+    requests, ``seed`` everything the simulation draws (pass-time noise, serving delays, balancer choices).
 
     ``workers``: processes to spread the replicas over (None: one per CPU for big open-loop runs). Only with a
     balancer in ``STATE_FREE_BALANCERS`` and open-loop arrivals; otherwise the run stays in this process. Every
@@ -194,7 +195,8 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     costs = config.costs()
     if isinstance(workload, Workload):
         workload = with_rate(workload, config)
-    table = workload if isinstance(workload, RequestTable) else workload.generate(seed)
+    table = workload if isinstance(workload, RequestTable) else workload.generate(
+        seed if workload_seed is None else workload_seed)
     clients = workload.clients if isinstance(workload, Workload) and workload.arrivals == "closed" else 0
     n = len(table)
     if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):

@@ -57,6 +57,7 @@ MAX_PROMPT_TOKENS = FASTGEN_MAX_PROMPT_TOKENS
 COMPARED = ("ttft", "tpot", "e2e", "itl")
 STATS = ("mean", "p50", "p90", "p95", "p99")
 # FastGen's effective throughput: requests/s x the share meeting its SLA (generation at 4 tokens/s; sim.metrics.SLA)
+SPREAD_METRICS = ("throughput_rps", "ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "e2e_mean", "e2e_p90")
 RATES = ("throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions", "effective_throughput_rps",
          "sla_share")
 
@@ -343,12 +344,26 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     return rows
 
 
-def simulated(cell: Cell, rate: float | None, cost: ServedCost) -> tuple[dict, list[int]]:
-    """The simulator's summary of the cell's workload, and its tokens per pass."""
+def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None) -> tuple[dict, list[int]]:
+    """The simulator's summary of the cell's workload, and its tokens per pass. ``seed`` (default the cell's)
+    draws pass-time noise and serving delays; the workload is the cell's whatever the seed."""
     tokens: list[int] = []
-    result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy), seed=cell.seed,
+    result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy),
+                      seed=cell.seed if seed is None else seed, workload_seed=cell.seed,
                       on_pass=lambda replica, plan, start, end: tokens.append(plan.num_tokens))
     return summarize(result, SLA()), tokens
+
+
+def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int) -> list[dict]:
+    """The simulator's headline metrics on ``seeds`` seeds (the cell's and the next ones): one row per metric with
+    their mean, standard deviation, min and max."""
+    runs = [metric_columns(simulated(cell, rate, cost, cell.seed + k)[0]) for k in range(seeds)]
+    rows = []
+    for metric in SPREAD_METRICS:
+        values = np.array([run[metric] for run in runs], dtype=float)
+        rows.append({**cell.keys(), "metric": metric, "seeds": seeds, "mean": values.mean(), "std": values.std(),
+                     "min": values.min(), "max": values.max()})
+    return rows
 
 
 # -- the grid ------------------------------------------------------------------------------------------------
@@ -508,19 +523,22 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     return passes, requests
 
 
-def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
+def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds: int = 1) -> dict:
     """Simulate every measured cell of ``directory`` on ``cost``; write ``validation.csv``, ``errors.csv``,
-    ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default: ``directory``)."""
+    ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default: ``directory``). ``sim_seeds`` > 1:
+    also ``sim_seeds.csv``, the spread of the simulator's headline metrics over that many seeds."""
     import pandas as pd
 
     out = out or directory
     out.mkdir(parents=True, exist_ok=True)
     meta, cells, traces = load_measured(directory)
-    rows, passes_rows, delivery_rows = [], [], []
+    rows, passes_rows, delivery_rows, spread_rows = [], [], [], []
     for name, m, info in cells:
         served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
         trace_passes, trace_requests = traces[name] or ([], None)
         sim_summary, _ = simulated(m.cell, m.rate, served)
+        if sim_seeds > 1:
+            spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds)
         cell_views = views(m, trace_requests)
         pass_rows = cell_passes(m, trace_passes, served)
         passes_rows += pass_rows
@@ -542,6 +560,8 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None) -> dict:
     errors.to_csv(out / "errors.csv", index=False)
     passes.to_csv(out / "passes.csv", index=False)
     delivery.to_csv(out / "delivery.csv", index=False)
+    if spread_rows:
+        pd.DataFrame(spread_rows).to_csv(out / "sim_seeds.csv", index=False)
     report_meta = {**meta, "profile": cost.meta, "serving": getattr(cost, "serving", None) is not None}
     from sim.validation_report import write_report
 
@@ -673,10 +693,12 @@ def _command():
     @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
+    @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 fit_serving, **engine_options):
+                 fit_serving, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -723,7 +745,7 @@ def _command():
                        f"step {serving.path_scale}; wrote {fit_serving}")
         for directory in measured:
             into = out if len(measured) == 1 else out / _folder_name(directory)
-            compare(directory, cost, into)
+            compare(directory, cost, into, sim_seeds)
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate

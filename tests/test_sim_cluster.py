@@ -60,6 +60,15 @@ def test_same_seed_same_result_and_different_seed_differs():
     assert not a["finish"].equals(c["finish"])
 
 
+def test_workload_seed_keeps_the_requests_while_seed_redraws_the_noise():
+    config = ClusterConfig(SMALL, replicas=2, policy=PolicyConfig(balancer="random"))
+    a = simulate(small_workload(), config, seed=3).requests
+    b = simulate(small_workload(), config, seed=4, workload_seed=3).requests
+    for column in ("arrival", "prompt_tokens", "output_tokens"):
+        pd.testing.assert_series_equal(a[column], b[column])
+    assert not a["finish"].equals(b["finish"])
+
+
 def test_splitfuse_beats_prefill_first_on_fastgens_long_prompt_workload():
     cost = load_cost_model("llama-2-7b")
     w = Workload(num_requests=600, rate=1.0, prompt=LengthDist("normal", (2600, 0.3)),

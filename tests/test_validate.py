@@ -219,3 +219,17 @@ def test_runs_compared_together_pool_their_serving_fit(run, cpu_profile, tmp_pat
                                            "--out", str(tmp_path / "c"), "--fit-serving", str(tmp_path / "c.json")])
     assert result.exit_code == 1 and "--fit-serving: fitting the serving" in result.output
     assert "needs at least 10 measurements" in result.output and "Traceback" not in result.output
+
+
+def test_the_simulators_spread_over_seeds_is_written_beside_its_answer(run, tmp_path):
+    """``--sim-seeds 4``: every cell's workload simulated on 4 seeds (pass-time noise and serving delays differ,
+    the requests do not); the compared ``sim`` row stays that of the cell's own seed."""
+    out, _ = run
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"),
+                                           "--out", str(tmp_path), "--sim-seeds", "4"])
+    assert result.exit_code == 0, result.output
+    spread = pd.read_csv(tmp_path / "sim_seeds.csv")
+    assert len(spread) == 2 * 7 and (spread.seeds == 4).all()
+    assert ((spread["min"] <= spread["mean"]) & (spread["mean"] <= spread["max"])).all()
+    assert (spread[spread.metric == "ttft_mean"]["std"] > 0).all()  # admission draws differ by seed
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "validation.csv"), pd.read_csv(out / "validation.csv"))
