@@ -3,7 +3,7 @@
     python -m calibration.validation_summary [--plots DIR]
 
 prints, per grid, the simulator's relative error (%) against the client and the server for the headline metrics,
-and FastGen's headline from the ``fastgen`` grid; with ``--plots`` writes PNGs of the same (plotly, kaleido).
+and FastGen's headline from each ``*fastgen`` grid; with ``--plots`` writes PNGs of the same (plotly, kaleido).
 """
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ def fastgen_figure(results, grid: str = "h200-llama-2-7b-fastgen"):
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p95 inter-token latency", "mean TTFT"))
     part = results[(results.grid == grid) & results.source.isin(["client", "sim"])]
+    colors = dict(zip(sorted(part.scheduler.unique()), ("#636EFA", "#EF553B", "#00CC96")))
     for (scheduler, source), g in part.groupby(["scheduler", "source"]):
         g = g.sort_values("clients")
-        style = {"dash": "dot"} if source == "sim" else {}
+        style = {"color": colors[scheduler], **({"dash": "dot"} if source == "sim" else {})}
         for col, metric in ((1, "itl_p95"), (2, "ttft_mean")):
             fig.add_trace(go.Scatter(x=g.throughput_rps, y=1e3 * g[metric], mode="lines+markers", line=style,
                                      name=f"{scheduler} ({'simulated' if source == 'sim' else 'measured'})",
@@ -91,15 +92,16 @@ def main(plots: Path | None) -> None:
                 continue
             click.echo(f"\n### {grid}: against the {reference} (%)\n")
             click.echo(error_table(results, grid, reference).to_markdown(floatfmt="+.1f"))
-    if "h200-llama-2-7b-fastgen" in set(results.grid):
-        click.echo("\n### FastGen's headline\n")
-        click.echo(fastgen_headline(results).to_markdown(index=False, floatfmt=".3g"))
+    fastgen = [grid for grid in results.grid.unique() if grid.endswith("fastgen")]
+    for grid in fastgen:
+        click.echo(f"\n### FastGen's headline: {grid}\n")
+        click.echo(fastgen_headline(results, grid).to_markdown(index=False, floatfmt=".3g"))
     if plots:
         plots.mkdir(parents=True, exist_ok=True)
         for grid in results.grid.unique():
             error_figure(results, grid).write_image(plots / f"{grid}.png")
-        if "h200-llama-2-7b-fastgen" in set(results.grid):
-            fastgen_figure(results).write_image(plots / "fastgen-curves.png")
+        for grid in fastgen:
+            fastgen_figure(results, grid).write_image(plots / f"{grid}-curves.png")
         click.echo(f"wrote {plots}")
 
 
