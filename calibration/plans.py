@@ -156,13 +156,16 @@ def _spread_contexts(rng: np.random.Generator, count: int, longest: int, top: in
 
 
 def build_plan(spec: PassSpec, num_kv_blocks: int, block_size: int, rng: np.random.Generator, vocab_size: int,
-               max_model_len: int, sampling_params: SamplingParams | None = None
+               max_model_len: int, sampling_params: SamplingParams | None = None, aged_kv: bool = False
                ) -> tuple[Scheduler, BatchPlan, float]:
     """(scheduler, plan, seconds the scheduler took) for ``spec``; the scheduler's block tables index a KV cache
-    of ``num_kv_blocks`` blocks. The caller runs the plan, then ``release``."""
+    of ``num_kv_blocks`` blocks, handed out in order (a fresh cache) or, with ``aged_kv``, in the order a
+    long-running server leaves them (``age_kv_cache``). The caller runs the plan, then ``release``."""
     config = PolicyConfig(max_num_batched_tokens=spec.num_tokens, block_size=block_size,
                           max_num_seqs=len(spec.decode_contexts) + len(spec.chunks) + 1)
     sched = make_scheduler(config, num_kv_blocks, max_model_len)
+    if aged_kv:
+        age_kv_cache(sched, rng, vocab_size, max_model_len)
     params = sampling_params or SamplingParams(max_tokens=max_model_len)
     for i, ctx in enumerate(spec.decode_contexts):  # a decode: its prompt computed and one token sampled
         r = _request(i, ctx, params, rng, vocab_size, max_model_len)
@@ -181,6 +184,27 @@ def build_plan(spec: PassSpec, num_kv_blocks: int, block_size: int, rng: np.rand
         release(sched)
         raise RuntimeError(f"the scheduler did not reproduce pass {spec.key} (KV capacity too small?)")
     return sched, plan, seconds
+
+
+def age_kv_cache(sched: Scheduler, rng: np.random.Generator, vocab_size: int, max_model_len: int,
+                 rounds: int = 4) -> None:
+    """Leave ``sched``'s free blocks in the order a long-running server leaves them: ``rounds`` times the cache is
+    filled by requests of random lengths and emptied in random order. The free queue hands out the blocks freed
+    longest ago first (FIFO, for prefix-cache eviction), so a request admitted afterwards gets blocks scattered over
+    the whole cache, where one admitted to a fresh cache gets consecutive ones."""
+    bm, params, n = sched.block_manager, SamplingParams(max_tokens=1), 0
+    for _ in range(rounds):
+        ids = []
+        while bm.num_free_blocks > 1:
+            blocks = int(rng.integers(1, min(bm.num_free_blocks, 256, max_model_len // bm.block_size) + 1))
+            tokens = min(blocks * bm.block_size, max_model_len - 1)
+            request = Request(f"aging{n}", rng.integers(0, vocab_size, size=tokens).tolist(), params,
+                              max_model_len=max_model_len)
+            sched.add_running(request, tokens)
+            ids.append(request.request_id)
+            n += 1
+        for i in rng.permutation(len(ids)):
+            sched.abort(ids[i])
 
 
 def release(sched: Scheduler) -> None:

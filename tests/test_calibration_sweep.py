@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -119,3 +120,33 @@ def test_cli_check_prints_heldout_error_and_capacity():
     result = CliRunner().invoke(profile_cmd, ["--check", "llama-2-7b"])
     assert result.exit_code == 0, result.output
     assert "KV capacity" in result.output and "median" in result.output and "p95" in result.output
+
+
+def test_an_aged_cache_scatters_a_pass_over_the_cache_and_changes_nothing_else():
+    """``aged_kv``: the same pass, its blocks in several runs across the cache instead of one run at its start."""
+    spec = plans.PassSpec("mixed", decode_contexts=(2700,) * 8, chunks=((1000, 700, 0),))
+    fresh, fresh_plan, _ = plans.build_plan(spec, 14000, 16, np.random.default_rng(0), 32000, 4096)
+    aged, aged_plan, _ = plans.build_plan(spec, 14000, 16, np.random.default_rng(0), 32000, 4096, aged_kv=True)
+    assert plan_features(aged_plan) == plan_features(fresh_plan) == plan_features(spec)
+
+    def runs(plan):
+        return [1 + int(np.count_nonzero(np.diff(r.block_table) != 1)) for r in plan.requests]
+
+    assert runs(fresh_plan) == [1] * 9 and max(b for r in fresh_plan.requests for b in r.block_table) < 2000
+    assert min(runs(aged_plan)) > 1 and max(b for r in aged_plan.requests for b in r.block_table) > 10000
+    assert aged.block_manager.num_free_blocks == fresh.block_manager.num_free_blocks  # the aging left nothing held
+    plans.release(aged)
+    assert aged.block_manager.num_free_blocks == 14000
+
+
+def test_kv_layout_benchmark_runs_on_the_cpu(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "kv.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.kv_layout_gpu", "--model", "tiny-llama", "--device", "cpu",
+                    "--num-kv-blocks", "2000", "--batches", "2,3", "--contexts", "60", "--rounds", "1",
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["mean_context"]) for r in rows] == [(2, 60), (3, 60)]
+    assert all(r["fresh_s"] > 0 and r["aged_s"] > 0 for r in rows)
