@@ -57,9 +57,9 @@ MAX_PROMPT_TOKENS = FASTGEN_MAX_PROMPT_TOKENS
 COMPARED = ("ttft", "tpot", "e2e", "itl")
 STATS = ("mean", "p50", "p90", "p95", "p99")
 # FastGen's effective throughput: requests/s x the share meeting its SLA (generation at 4 tokens/s; sim.metrics.SLA)
-SPREAD_METRICS = ("throughput_rps", "ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "e2e_mean", "e2e_p90")
 RATES = ("throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions", "effective_throughput_rps",
          "sla_share")
+SPREAD_METRICS = ("throughput_rps", "ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "e2e_mean", "e2e_p90")
 
 
 @dataclass(frozen=True)
