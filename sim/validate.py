@@ -354,10 +354,11 @@ def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None
     return summarize(result, SLA()), tokens
 
 
-def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int) -> list[dict]:
-    """The simulator's headline metrics on ``seeds`` seeds (the cell's and the next ones): one row per metric with
-    their mean, standard deviation, min and max."""
-    runs = [metric_columns(simulated(cell, rate, cost, cell.seed + k)[0]) for k in range(seeds)]
+def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, own: dict) -> list[dict]:
+    """The simulator's headline metrics on ``seeds`` seeds (the cell's, whose summary ``own`` is, and the next
+    ones): one row per metric with their mean, standard deviation, min and max."""
+    runs = [metric_columns(own)] + [metric_columns(simulated(cell, rate, cost, cell.seed + k)[0])
+                                    for k in range(1, seeds)]
     rows = []
     for metric in SPREAD_METRICS:
         values = np.array([run[metric] for run in runs], dtype=float)
@@ -538,7 +539,7 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
         trace_passes, trace_requests = traces[name] or ([], None)
         sim_summary, _ = simulated(m.cell, m.rate, served)
         if sim_seeds > 1:
-            spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds)
+            spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds, sim_summary)
         cell_views = views(m, trace_requests)
         pass_rows = cell_passes(m, trace_passes, served)
         passes_rows += pass_rows
@@ -729,7 +730,8 @@ def _command():
             passes, requests = [], []
             for directory in measured:
                 more_passes, more_requests = serving_measurements(directory, bare)
-                passes, requests = passes + more_passes, requests + more_requests
+                passes.extend(more_passes)
+                requests.extend(more_requests)
             try:
                 serving = fit(passes, requests, {"traced": ", ".join(map(str, measured))})
             except ValueError as e:
