@@ -22,6 +22,7 @@ PREFILL_MAX = 8192
 DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
 MIXED_BUDGETS = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+KV_LAYOUTS = ("fresh", "aged")  # how a pass's KV blocks lie: handed out in order, or as age_kv_cache leaves them
 
 
 @dataclass(frozen=True)

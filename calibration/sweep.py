@@ -195,11 +195,11 @@ def pass_energy(timer: PointTimer, plan, meter, seconds: float) -> dict:
 
 
 def measure(llm, spec: plans.PassSpec, timer: PointTimer, rng: np.random.Generator, meter=None,
-            energy_s: float = 0.0) -> dict:
-    """One point: the plan built by the real scheduler, timed; then the scheduler's update, timed; with a
-    ``meter``, also the pass's energy (``pass_energy``)."""
+            energy_s: float = 0.0, aged_kv: bool = False) -> dict:
+    """One point: the plan built by the real scheduler (on an aged KV cache with ``aged_kv``), timed; then the
+    scheduler's update, timed; with a ``meter``, also the pass's energy (``pass_energy``)."""
     sched, plan, sched_s = plans.build_plan(spec, llm.num_kv_blocks, llm.block_size, rng,
-                                            llm.model_config.vocab_size, llm.max_model_len)
+                                            llm.model_config.vocab_size, llm.max_model_len, aged_kv=aged_kv)
     try:
         walls, gpus, sampled = timer.time(plan)
         energy = pass_energy(timer, plan, meter, energy_s) if meter is not None and energy_s > 0 else {}
@@ -259,14 +259,17 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
               block_size: int = 16, gpu_memory_utilization: float = 0.9, time_budget_s: float | None = None,
               max_points: int | None = None, progress: bool = True,
               specs: list[plans.PassSpec] | None = None, rounds: int = 1,
-              energy_s: float = 0.25) -> tuple[dict, list[dict]]:
+              energy_s: float = 0.25, kv_layout: str = "fresh") -> tuple[dict, list[dict]]:
     """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given) not yet in ``points_path``, until
     the time budget, until each is measured ``rounds`` times; returns (meta, all points). ``energy_s`` > 0: also
-    each pass's energy where NVML answers (``pass_energy``; 0 measures none)."""
+    each pass's energy where NVML answers (``pass_energy``; 0 measures none). ``kv_layout``: "fresh" (each pass's
+    blocks handed out in order) or "aged" (scattered as a long-running server leaves them, ``plans.age_kv_cache``)."""
     from tqdm import tqdm
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if kv_layout not in plans.KV_LAYOUTS:
+        raise ValueError(f"unknown KV layout {kv_layout!r}; choose one of {', '.join(plans.KV_LAYOUTS)}")
     points_path = Path(points_path)
     header, done = read_points(points_path)
     if header is not None and (header["model"], header["dtype"]) != (model, dtype):
@@ -278,6 +281,7 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
     meter = energy_meter(dev) if energy_s > 0 else None
     if header is None:
         header = sweep_meta(llm, model, dtype, dev, device_ceilings(dev))
+        header["kv_layout"] = kv_layout
         if meter is not None:
             from calibration.power import idle_watts
 
@@ -290,6 +294,9 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
     elif header.get("mixed_graph_buckets", []) != mixed_graph_buckets(llm):
         raise ValueError(f"{points_path} was measured with mixed-graph buckets {header.get('mixed_graph_buckets')}, "
                          f"this engine has {mixed_graph_buckets(llm)}; choose another --out or delete it")
+    elif header.get("kv_layout", "fresh") != kv_layout:
+        raise ValueError(f"{points_path} was measured on a {header.get('kv_layout', 'fresh')} KV cache, not "
+                         f"{kv_layout}; choose another --out or delete it")
     elif meter is not None and "idle_w" not in header:
         print(f"{points_path} was started without energy figures; its new points get none either", flush=True)
         meter = None
@@ -312,7 +319,7 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
             for spec in tqdm(todo, desc=f"profile {model}", disable=not progress, unit="pass"):
                 if time_budget_s is not None and time.monotonic() - start > time_budget_s:
                     break
-                f.write(json.dumps(measure(llm, spec, timer, rng, meter, energy_s)) + "\n")
+                f.write(json.dumps(measure(llm, spec, timer, rng, meter, energy_s, kv_layout == "aged")) + "\n")
                 f.flush()
     finally:
         gc.unfreeze()

@@ -150,3 +150,27 @@ def test_kv_layout_benchmark_runs_on_the_cpu(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["batch"], r["mean_context"]) for r in rows] == [(2, 60), (3, 60)]
     assert all(r["fresh_s"] > 0 and r["aged_s"] > 0 for r in rows)
+
+
+def test_an_aged_sweep_says_so_and_resumes_only_aged(tmp_path):
+    path = tmp_path / "p.points.jsonl"
+    header, points = run_sweep("tiny-llama", "fp32", path, device="cpu", progress=False, specs=SPECS[5:7],
+                               kv_layout="aged")
+    assert header["kv_layout"] == "aged" and len(points) == 2 and all(p["wall_s"] > 0 for p in points)
+    with pytest.raises(ValueError, match="aged KV cache, not fresh"):
+        _sweep(path, SPECS[5:8])
+    with pytest.raises(ValueError, match="unknown KV layout 'old'"):
+        run_sweep("tiny-llama", "fp32", tmp_path / "q.points.jsonl", device="cpu", specs=SPECS[:1], kv_layout="old")
+
+
+def test_engine_passes_benchmark_runs_on_the_cpu(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "ep.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.engine_passes_gpu", "--model", "tiny-llama", "--device", "cpu",
+                    "--profile", "llama-2-7b-analytic", "--concurrency", "3", "--requests", "6", "--prompt-mean",
+                    "40", "--output-mean", "6", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["third"] for r in rows} == {0, 2} and sum(r["passes"] for r in rows) > 6
+    assert all(r["median_span_s"] > 0 and r["span_over_predicted"] > 0 for r in rows)
