@@ -120,6 +120,29 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
     return [fits[i] for i in order]
 
 
+def decode_table_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
+                       max_num_seqs: int = 256, per_size: int = 4) -> list[PassSpec]:
+    """Decode batches for the decode-graph table (``cost_model.DecodeTable``): every batch size to 64, then
+    every 8th to 128 and every 16th to ``max_num_seqs``, each at ``per_size`` mean contexts (one per log-spaced
+    stratum of [128, 4096]) spread 0.5-1.5x around the mean as a served batch's are. A decode step's time jumps
+    between neighbouring sizes (graph padding, attention waves over the SMs), which a line through the buckets
+    misses."""
+    rng = np.random.default_rng(seed + 7)
+    top = max_model_len - 1
+    kv_tokens = int(0.85 * num_kv_blocks) * block_size
+    sizes = [*range(1, 65), *range(72, 129, 8), *range(144, 257, 16)]
+    edges = np.exp(np.linspace(np.log(128), np.log(min(4096, top - 1)), per_size + 1))
+    specs = []
+    for n in (s for s in sizes if s <= max_num_seqs):
+        for lo, hi in zip(edges, edges[1:]):
+            mean = np.exp(rng.uniform(np.log(lo), np.log(hi)))
+            contexts = np.clip(mean * rng.uniform(0.5, 1.5, size=n), 1, top - 1).astype(int)
+            if int(np.sum(contexts + 1 + block_size)) <= kv_tokens:
+                specs.append(PassSpec("decode-table", decode_contexts=tuple(contexts.tolist())))
+    order = rng.permutation(len(specs))
+    return [specs[i] for i in order]
+
+
 def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int,
                 max_num_seqs: int) -> PassSpec:
     """1-3 chunks on cached prefixes, beside a log-uniform count of decodes (0 up to 90% of the budget, and no
