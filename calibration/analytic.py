@@ -76,7 +76,7 @@ def analytic_profile(preset: str, seed: int = 0, repeats: int = 5) -> Profile:
     blocks, bs = num_kv_blocks(config), a["block_size"]
     rng = np.random.default_rng(seed)
     points = []
-    for spec in plans.sweep_specs(config.max_model_len, blocks, bs, seed=seed):
+    for spec in plans.sweep_specs(config.max_model_len, blocks, bs, seed=seed, table_per_size=0):
         f = plan_features(spec)._asdict()
         t = pass_seconds(f, config)
         reps = sorted(t * float(x) for x in np.exp(rng.normal(0.0, a["noise_sigma"], size=repeats)))

@@ -45,7 +45,10 @@ def check_report(profile) -> str:
     lines.append(f"target (median <= 3%, p95 <= 8%): {'met' if ok else 'NOT met'}")
     model = profile.model
     buckets = model.mixed_buckets if model.mixed is not None else []
-    lines.append(f"paths: decode graph up to {model.graph_max_batch} sequences, "
+    table = model.decode_table
+    lines.append(f"paths: decode graph up to {model.graph_max_batch} sequences"
+                 + (f" (a decode table of {len(table.seqs)} batch sizes, {table.seqs[0]}-{table.seqs[-1]})"
+                    if table is not None else "") + ", "
                  + (f"mixed graph up to {buckets[-1]} tokens ({len(buckets)} buckets), " if buckets else "")
                  + "eager otherwise")
     if fit.get("path_mismatches"):
@@ -86,9 +89,10 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
     try:
         profile = build_profile(points, header, header["block_size"], header["num_kv_blocks"],
                                 header["max_model_len"], seed=seed)
+        profile.save(out)
     except (ValueError, KeyError) as e:
-        raise click.ClickException(f"{points_path}: cannot fit: {e}") from None
-    profile.save(out)
+        raise click.ClickException(f"{points_path}: cannot fit: {e} (too few or too noisy points? measure more "
+                                   "passes)") from None
     return profile
 
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from calibration.decode_table import DecodeTable
 from engine.policy import PassFeatures
 
 # The device model's inputs: every pass feature but the sampled entries, whose cost is the serving loop's (the
@@ -120,15 +121,18 @@ class HingeModel:
 
 class PassModel:
     """One ``HingeModel`` per execution path, chosen per pass as the engine's runner chooses. ``mixed`` (optional)
-    is the mixed-graph path, taken by passes with prompt tokens of at most ``mixed_buckets[-1]`` tokens."""
+    is the mixed-graph path, taken by passes with prompt tokens of at most ``mixed_buckets[-1]`` tokens.
+    ``decode_table`` (optional) predicts the decode-graph passes of the batch sizes it covers."""
 
-    __slots__ = ("graph", "eager", "graph_max_batch", "mixed", "mixed_buckets", "_graph", "_eager", "_mixed",
-                 "_buckets")
+    __slots__ = ("graph", "eager", "graph_max_batch", "mixed", "mixed_buckets", "decode_table", "_graph", "_eager",
+                 "_mixed", "_buckets", "_table")
 
     def __init__(self, graph: HingeModel, eager: HingeModel, graph_max_batch: int, mixed: HingeModel | None = None,
-                 mixed_buckets: Sequence[int] = ()) -> None:
+                 mixed_buckets: Sequence[int] = (), decode_table: DecodeTable | None = None) -> None:
         self.graph, self.eager, self.graph_max_batch = graph, eager, int(graph_max_batch)
         self.mixed, self.mixed_buckets = mixed, check_buckets(mixed_buckets)
+        self.decode_table = decode_table
+        self._table = None if decode_table is None else decode_table.predict
         if mixed is not None and not self.mixed_buckets:
             raise ValueError("a mixed-graph model needs mixed_buckets (the token counts its graphs pad to)")
         self._graph, self._eager = graph.predict_values, eager.predict_values
@@ -147,6 +151,10 @@ class PassModel:
     def predict(self, f: PassFeatures) -> float:
         path = self.path(f)
         if path == "decode-graph":
+            if self._table is not None:
+                t = self._table(f.num_seqs, f.decode_context)
+                if t is not None:
+                    return t
             return self._graph(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
         if path == "mixed-graph":
             b = self._buckets
@@ -157,6 +165,11 @@ class PassModel:
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)
         t = np.where(graph, self.graph.predict_array(X), self.eager.predict_array(X))
+        if self.decode_table is not None and graph.any():
+            rows = np.flatnonzero(graph)
+            table = self.decode_table.predict_array(np.asarray(X["num_seqs"])[rows],
+                                                    np.asarray(X["decode_context"])[rows])
+            t[rows] = np.where(np.isnan(table), t[rows], table)
         if mixed.any():
             t = np.where(mixed, self.mixed.predict_array(padded(X, self._buckets)), t)
         return t
@@ -173,19 +186,23 @@ class PassModel:
             d["mixed"] = self.mixed.to_dict()
         if self.mixed_buckets:
             d["mixed_buckets"] = list(self.mixed_buckets)
+        if self.decode_table is not None:
+            d["decode_table"] = self.decode_table.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> PassModel:
-        """Also reads models without ``mixed``/``mixed_buckets`` (measured before mixed graphs): no mixed path."""
+        """Also reads models without ``mixed``/``mixed_buckets`` (measured before mixed graphs): no mixed path;
+        and without ``decode_table``: the hinge model predicts every decode-graph pass."""
         if not isinstance(d, Mapping) or d.get("form") != "per-path":
             raise ValueError(f"cost model must be a mapping with form 'per-path', got {str(d)[:80]!r}")
         for key in ("graph", "eager", "graph_max_batch"):
             if key not in d:
                 raise ValueError(f"cost model lacks {key!r}")
         mixed = HingeModel.from_dict(d["mixed"]) if d.get("mixed") is not None else None
+        table = DecodeTable.from_dict(d["decode_table"]) if d.get("decode_table") is not None else None
         return cls(HingeModel.from_dict(d["graph"]), HingeModel.from_dict(d["eager"]), d["graph_max_batch"], mixed,
-                   d.get("mixed_buckets", ()))
+                   d.get("mixed_buckets", ()), table)
 
 
 def check_buckets(buckets) -> list[int]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from calibration import cost_model
+from calibration.decode_table import fit_decode_table
 from calibration.energy import EnergyModel, fit_energy
 from calibration.profile import Profile
 
@@ -119,8 +120,13 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
         return models[name]
 
     mixed = pick("mixed", "eager", "graph") if buckets else None
+    # the decode table: from the table sweep's batches alone (contexts spread as served; the grid's are equal)
+    tabled = on_graph & np.array([p.get("sweep") == "decode-table" for p in train], dtype=bool)
+    table = fit_decode_table(X_train["num_seqs"][tabled], X_train["decode_context"][tabled], y_train[tabled])
+    if table is not None:
+        selection.setdefault("graph", {})["decode_table_sizes"] = len(table.seqs)
     model = cost_model.PassModel(pick("graph", "eager", "mixed"), pick("eager", "mixed", "graph"), max_batch,
-                                 mixed, buckets)
+                                 mixed, buckets, table)
     fit = {"target": target, "heldout_frac": heldout_frac, "seed": seed, "selection": selection,
            "train": cost_model.error_stats(cost_model.relative_errors(model, X_train, y_train))}
     fit["path_mismatches"] = path_mismatches(model, points)
@@ -146,8 +152,8 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
 def energy_from_points(train: Sequence[Mapping], held: Sequence[Mapping], meta: Mapping) -> EnergyModel | None:
     """The energy model fitted on the training points that carry joules (``calibration.sweep.pass_energy``),
     with its error on the held-out ones; None where the sweep measured no energy (no NVML) or too few points."""
-    train = [p for p in train if "joules" in p]
-    held = [p for p in held if "joules" in p]
+    train = [p for p in train if p.get("joules") is not None]
+    held = [p for p in held if p.get("joules") is not None]
     if "idle_w" not in meta or len(train) < 10:
         return None
     names = ("num_tokens", "decode_context", "prefill_attention")

@@ -83,12 +83,14 @@ def prefill_sizes(max_tokens: int = PREFILL_MAX, rng: np.random.Generator | None
 
 
 def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
-                mixed_per_budget: int = 16, random_decodes: int = 96, max_num_seqs: int = 512) -> list[PassSpec]:
+                mixed_per_budget: int = 16, random_decodes: int = 96, max_num_seqs: int = 512,
+                table_per_size: int = 8) -> list[PassSpec]:
     """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly).
 
-    Decodes come two ways: a grid of graph-bucket batch sizes at one context each (the anchors), and random
-    batches as a server forms them: any size, contexts spread around a mean (a served batch mixes lengths, and
-    a partly filled graph bucket costs otherwise than a full one). Mixed passes draw their decode count
+    Decodes come three ways: a grid of graph-bucket batch sizes at one context each (the anchors), random
+    batches as a server forms them (any size, contexts spread around a mean: a served batch mixes lengths, and
+    a partly filled graph bucket costs otherwise than a full one), and the decode table's batches
+    (``decode_table_specs``, ``table_per_size`` per batch size; 0: none). Mixed passes draw their decode count
     log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills."""
     rng = np.random.default_rng(seed)
     specs: list[PassSpec] = []
@@ -113,6 +115,9 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
     for budget in MIXED_BUDGETS:  # (c) SplitFuse: decodes fill part of the budget, chunks the rest
         for _ in range(mixed_per_budget):
             specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size, max_num_seqs))
+    if table_per_size:
+        specs += decode_table_specs(max_model_len, num_kv_blocks, block_size, seed, min(max_num_seqs, 256),
+                                    table_per_size)
     specs = list(dict.fromkeys(specs))  # capped contexts can repeat a pass
     fits = [s for s in specs if s.max_len() <= max_model_len and s.blocks_needed(block_size) <= num_kv_blocks
             and len(s.decode_contexts) + len(s.chunks) <= max_num_seqs]
@@ -132,7 +137,7 @@ def decode_table_specs(max_model_len: int, num_kv_blocks: int, block_size: int, 
     kv_tokens = int(0.85 * num_kv_blocks) * block_size
     sizes = [*range(1, 65), *range(72, 129, 8), *range(144, 257, 16)]
     edges = np.exp(np.linspace(np.log(128), np.log(min(4096, top - 1)), per_size + 1))
-    specs = []
+    specs: list[PassSpec] = []
     for n in (s for s in sizes if s <= max_num_seqs):
         for lo, hi in zip(edges, edges[1:]):
             mean = np.exp(rng.uniform(np.log(lo), np.log(hi)))

@@ -1,7 +1,8 @@
 """A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
 fitted cost model, the spread of pass times, the KV capacity the engine gets on that card, (from version 3)
-what the serving loop adds to each pass (``calibration.serving``) and (from version 4) the energy of each pass
-(``calibration.energy``). Both sections are optional, and files of versions 2 and 3 still load.
+what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
+(``calibration.energy``) and (from version 6) a decode table in the cost model (``calibration.decode_table``). All
+three are optional, and files of versions 2 to 5 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -23,9 +24,10 @@ from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
 # 3: an optional "serving" section; 4: an optional "energy" section; 5: the serving section's delivery grows with a
-# pass's sampled entries. Versions 2-4 are read too.
-VERSION = 5
-READS = (2, 3, 4, 5)
+# pass's sampled entries; 6: the cost model may hold a decode table (``calibration.decode_table``). Versions 2-5 are
+# read too.
+VERSION = 6
+READS = (2, 3, 4, 5, 6)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -122,9 +124,13 @@ class Profile:
         }
 
     def save(self, path: str | Path) -> Path:
+        """Write the profile; ValueError (and no file) if it would not load back, e.g. a fit on too few or too
+        noisy points that predicts a pass of negative time."""
         path = Path(path)
+        d = self.to_dict()
+        Profile.from_dict(d, source=str(path))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        path.write_text(json.dumps(d, indent=1, allow_nan=False) + "\n")
         return path
 
     @classmethod
@@ -234,8 +240,10 @@ def _check_predictions(model: PassModel, points: list[dict], max_model_len: int,
 
 def point_features(point: Mapping) -> PassFeatures:
     """A measured point's pass features. Points swept before passes counted their sampled entries have no
-    ``num_samples``: every sequence is taken to sample (only a serving section's loop cost reads it)."""
-    return PassFeatures.from_mapping(point if "num_samples" in point else {**point, "num_samples": point["num_seqs"]})
+    ``num_samples`` (None where a profile holds them beside newer points): every sequence is taken to sample
+    (only a serving section's loop cost reads it)."""
+    return PassFeatures.from_mapping(point if point.get("num_samples") is not None
+                                     else {**point, "num_samples": point["num_seqs"]})
 
 
 def _points_from(p, bad) -> list[dict]:

@@ -35,7 +35,7 @@ META = {"model": "synthetic", "card": "none", "dtype": "bf16", "tensor_parallel"
 def synthetic_points(model, seed: int = 0, noise: float = 0.002) -> list[dict]:
     rng = np.random.default_rng(seed)
     points = []
-    for spec in plans.sweep_specs(4096, 6000, 16, seed=seed):
+    for spec in plans.sweep_specs(4096, 6000, 16, seed=seed, table_per_size=0):
         f = plan_features(spec)._asdict()
         t = model.predict(F(f))
         reps = sorted(t * float(x) for x in np.exp(rng.normal(0.0, noise, size=5)))

@@ -46,6 +46,13 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
         f.write('{"sweep": "decode", "torn')  # a write cut off by a kill is ignored
     assert len(read_points(path)[1]) == len(SPECS)
 
+    # A dozen CPU passes time mostly noise, and a fit of noise may predict negative times (the next test): give
+    # the refit times that follow the features, to test the pipeline (fitting itself: tests/test_calibration.py).
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    for p in rows[1:]:
+        p["wall_s"] = 1e-3 + 2e-6 * p["num_tokens"] + 1e-8 * p["decode_context"] + 1e-5 * p["num_seqs"]
+        p["wall_repeats"] = [p["wall_s"]] * 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "p.json"
     result = CliRunner().invoke(profile_cmd, ["--from-points", str(path), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -83,6 +90,20 @@ def test_measure_records_the_graph_path_and_its_padded_tokens():
     assert mixed_graph_buckets(llm) == []
     point = measure(llm, SPECS[1], Timer(), rng)
     assert "graph" not in point and point["graph_tokens"] is None
+
+
+def test_a_fit_that_predicts_negative_times_is_refused_and_writes_nothing(tmp_path):
+    path = tmp_path / "p.points.jsonl"
+    _sweep(path, SPECS)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for p in rows[1:]:  # time falling with tokens: the line through them is negative at the whole context
+        p["wall_s"] = max(1e-4, 0.05 - 4e-4 * p["num_tokens"])
+        p["wall_repeats"] = [p["wall_s"]] * 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(profile_cmd, ["--from-points", str(path), "--out", str(out)])
+    assert result.exit_code != 0 and "cannot fit" in result.output and "positive time" in result.output
+    assert not out.exists()
 
 
 def test_resume_refuses_other_mixed_graph_buckets(tmp_path):
