@@ -126,8 +126,8 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
 
 
 def decode_table_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
-                       max_num_seqs: int = 256, per_size: int = 4) -> list[PassSpec]:
-    """Decode batches for the decode-graph table (``cost_model.DecodeTable``): every batch size to 64, then
+                       max_num_seqs: int = 256, per_size: int = 8) -> list[PassSpec]:
+    """Decode batches for the decode-graph table (``calibration.decode_table``): every batch size to 64, then
     every 8th to 128 and every 16th to ``max_num_seqs``, each at ``per_size`` mean contexts (one per log-spaced
     stratum of [128, 4096]) spread 0.5-1.5x around the mean as a served batch's are. A decode step's time jumps
     between neighbouring sizes (graph padding, attention waves over the SMs), which a line through the buckets
