@@ -30,6 +30,11 @@ CARD_TAGS = ("h200", "h100", "a100", "l40s")  # short names, tried in this order
 COMMIT_ENV = "SPLITFUSE_GIT_COMMIT"  # for a copy of the tree without its .git (e.g. on a device machine)
 
 
+def number_list(kind=int):
+    """An argparse ``type``: "4,16,24" -> [4, 16, 24] (``kind`` converts each)."""
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
 def card_name() -> str:
     """The CUDA card's name, or "cpu" where torch has no CUDA device."""
     try:

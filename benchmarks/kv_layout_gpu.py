@@ -23,7 +23,7 @@ import statistics
 import numpy as np
 import torch
 
-from benchmarks.common import write_results
+from benchmarks.common import number_list, write_results
 from calibration.plans import PassSpec, build_plan, release
 from calibration.sweep import PointTimer
 from engine.config import EngineConfig
@@ -31,17 +31,13 @@ from engine.llm import LLMEngine
 from engine.policy import PolicyConfig
 
 
-def numbers(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-2-7b")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batches", type=numbers, default=numbers("4,9,16,17,24,32,64"))
-    parser.add_argument("--contexts", type=numbers, default=numbers("650,2700"), help="mean decode contexts")
-    parser.add_argument("--spreads", type=lambda t: [float(x) for x in t.split(",") if x], default=[0.3],
+    parser.add_argument("--batches", type=number_list(), default=[4, 9, 16, 17, 24, 32, 64])
+    parser.add_argument("--contexts", type=number_list(), default=[650, 2700], help="mean decode contexts")
+    parser.add_argument("--spreads", type=number_list(float), default=[0.3],
                         help="half-widths of the contexts' spread around each mean")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="default: as memory allows")

@@ -190,8 +190,9 @@ def test_engine_passes_benchmark_runs_on_the_cpu(tmp_path):
 
     out = tmp_path / "ep.json"
     subprocess.run([sys.executable, "-m", "benchmarks.engine_passes_gpu", "--model", "tiny-llama", "--device", "cpu",
-                    "--profile", "llama-2-7b-analytic", "--concurrency", "3", "--requests", "6", "--prompt-mean",
-                    "40", "--output-mean", "6", "--out", str(out)], check=True, capture_output=True, timeout=300)
+                    "--profile", "llama-2-7b-analytic", "--concurrency", "3", "--requests", "6", "--prompt-len",
+                    "normal:40:0.3", "--output-len", "fixed:6", "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
     rows = json.loads(out.read_text())["rows"]
     assert {r["third"] for r in rows} == {0, 2} and sum(r["passes"] for r in rows) > 6
     assert all(r["median_span_s"] > 0 and r["span_over_predicted"] > 0 for r in rows)
