@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,8 @@ PREFILL_MAX = 8192
 DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
 MIXED_BUDGETS = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+# Sweeps replayed for their time only: their ~900 passes add nothing to the energy fit that the grids lack.
+TIME_ONLY_SWEEPS = ("decode-table", "mixed-graph")
 KV_LAYOUTS = ("fresh", "aged")  # how a pass's KV blocks lie: handed out in order, or as age_kv_cache leaves them
 
 
@@ -84,14 +87,15 @@ def prefill_sizes(max_tokens: int = PREFILL_MAX, rng: np.random.Generator | None
 
 def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
                 mixed_per_budget: int = 16, random_decodes: int = 96, max_num_seqs: int = 512,
-                table_per_size: int = 8) -> list[PassSpec]:
+                table_per_size: int = 8, mixed_buckets: Sequence[int] = (), per_bucket: int = 12) -> list[PassSpec]:
     """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly).
 
     Decodes come three ways: a grid of graph-bucket batch sizes at one context each (the anchors), random
     batches as a server forms them (any size, contexts spread around a mean: a served batch mixes lengths, and
     a partly filled graph bucket costs otherwise than a full one), and the decode table's batches
     (``decode_table_specs``, ``table_per_size`` per batch size; 0: none). Mixed passes draw their decode count
-    log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills."""
+    log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills; with the
+    engine's ``mixed_buckets``, ``per_bucket`` more per bucket (``mixed_graph_specs``)."""
     rng = np.random.default_rng(seed)
     specs: list[PassSpec] = []
     for t in prefill_sizes(rng=rng):  # (a) pure prefill; split into sequences the context can hold
@@ -118,6 +122,9 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
     if table_per_size:
         specs += decode_table_specs(max_model_len, num_kv_blocks, block_size, seed, min(max_num_seqs, 256),
                                     table_per_size)
+    if mixed_buckets and per_bucket:
+        specs += mixed_graph_specs(max_model_len, num_kv_blocks, block_size, mixed_buckets, seed, per_bucket,
+                                   max_num_seqs)
     specs = list(dict.fromkeys(specs))  # capped contexts can repeat a pass
     fits = [s for s in specs if s.max_len() <= max_model_len and s.blocks_needed(block_size) <= num_kv_blocks
             and len(s.decode_contexts) + len(s.chunks) <= max_num_seqs]
@@ -146,6 +153,38 @@ def decode_table_specs(max_model_len: int, num_kv_blocks: int, block_size: int, 
                 specs.append(PassSpec("decode-table", decode_contexts=tuple(contexts.tolist())))
     order = rng.permutation(len(specs))
     return [specs[i] for i in order]
+
+
+def mixed_graph_specs(max_model_len: int, num_kv_blocks: int, block_size: int, buckets: Sequence[int],
+                      seed: int = 0, per_bucket: int = 12, max_num_seqs: int = 512) -> list[PassSpec]:
+    """Mixed passes as a SplitFuse server forms them, ``per_bucket`` for each mixed-graph bucket: a token count
+    in the bucket's range, a log-uniform count of decodes (0 up to all but one token) at contexts spread around
+    a mean of 128-4096 tokens, the rest one prompt chunk (sometimes two). The grid of ``sweep_specs`` fills whole
+    budgets and caps its decodes by KV capacity, which leaves a served pass's cost per decode, above all at short
+    contexts, to extrapolation."""
+    rng = np.random.default_rng(seed + 11)
+    top = max_model_len - 1
+    kv_tokens = int(0.85 * num_kv_blocks) * block_size
+    specs: list[PassSpec] = []
+    for low, bucket in zip((1, *buckets), buckets):
+        for _ in range(per_bucket):
+            tokens = int(rng.integers(max(low, 1) + 1, bucket + 1))
+            wanted = min(_log_uniform_int(rng, 1, tokens) - 1, max_num_seqs - 2)
+            prompt = tokens - wanted
+            sizes = [prompt]
+            if prompt >= 2 and rng.random() < 0.3:  # a prompt finished mid-pass and the next one began
+                cut = int(rng.integers(1, prompt))
+                sizes = [cut, prompt - cut]
+            chunks = []
+            for i, n in enumerate(sizes):
+                prefix = 0 if i else min(int(rng.integers(0, max(1, top - n))), int(rng.integers(0, 4097)))
+                partial = i == len(sizes) - 1 and rng.random() < 0.7  # else the prompt ends here and samples
+                left = int(rng.integers(0, max(1, top - prefix - n))) if partial else 0
+                chunks.append((prefix, n, left))
+            allowance = kv_tokens - sum(p + n + left + block_size for p, n, left in chunks)
+            contexts = _spread_contexts(rng, wanted, 4096, top, allowance, block_size) if wanted else ()
+            specs.append(PassSpec("mixed-graph", decode_contexts=contexts, chunks=tuple(chunks)))
+    return specs
 
 
 def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int,

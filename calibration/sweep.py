@@ -302,7 +302,7 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         meter = None
     if specs is None:
         specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed,
-                                  max_num_seqs=MAX_NUM_SEQS)
+                                  max_num_seqs=MAX_NUM_SEQS, mixed_buckets=mixed_graph_buckets(llm))
     if max_points is not None:
         specs = specs[:max_points]
     count = {p["key"]: p["rounds"] for p in done}
@@ -319,8 +319,7 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
             for spec in tqdm(todo, desc=f"profile {model}", disable=not progress, unit="pass"):
                 if time_budget_s is not None and time.monotonic() - start > time_budget_s:
                     break
-                # the table's ~600 decode batches add nothing to the energy fit that the decode grid lacks
-                seconds = 0.0 if spec.sweep == "decode-table" else energy_s
+                seconds = 0.0 if spec.sweep in plans.TIME_ONLY_SWEEPS else energy_s
                 f.write(json.dumps(measure(llm, spec, timer, rng, meter, seconds, kv_layout == "aged")) + "\n")
                 f.flush()
     finally:

@@ -342,6 +342,34 @@ def test_sweep_measures_batches_as_a_server_forms_them():
         assert len(spec.decode_contexts) + len(spec.chunks) <= 512
 
 
+def test_mixed_graph_sweep_covers_every_bucket_and_decode_count():
+    """Served SplitFuse passes land in every mixed-graph bucket, with anything from no decode to a full batch at
+    short or long contexts; the mixed-graph sweep measures each bucket that way, and each pass is the plan the
+    engine's scheduler makes of it."""
+    buckets = [16, 32, 48, 64, 128, 256, 512, 768, 1024]
+    specs = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0, mixed_buckets=buckets, per_bucket=12)
+    dense = [s for s in specs if s.sweep == "mixed-graph"]
+    assert len(dense) == 12 * len(buckets)
+    without = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0)
+    assert not [s for s in without if s.sweep == "mixed-graph"]  # none without the engine's buckets
+    padded = [min(b for b in buckets if b >= s.num_tokens) for s in dense]
+    assert np.bincount([buckets.index(b) for b in padded]).min() >= 10  # each bucket measured
+    decodes = np.array([s.num_decodes for s in dense])
+    assert (decodes < np.array([s.num_tokens for s in dense])).all()  # a prompt chunk in each: the mixed path
+    octaves = np.histogram(np.log2(decodes + 1), bins=[0, 2, 4, 6, 11])[0]
+    assert (octaves >= 10).all(), octaves
+    many = [s for s in dense if s.num_decodes >= 16]
+    means = [np.mean(s.decode_contexts) for s in many]
+    assert min(means) < 400 and max(means) > 2000  # short and long contexts beside many decodes
+    assert {len(s.chunks) for s in dense} == {1, 2}
+    assert 0.2 < np.mean([s.samples[-1] for s in dense]) < 0.5  # some passes end their prompt and sample
+    rng = np.random.default_rng(2)
+    for spec in dense[::9]:
+        assert spec.blocks_needed(16) <= 14000 and spec.max_len() <= 4096
+        _, plan, _ = plans.build_plan(spec, 14000, 16, rng, 32000, 4096)
+        assert plan_features(plan) == plan_features(spec)
+
+
 def test_a_specs_features_are_those_of_its_plan():
     """Calibration fits on ``plan_features(spec)``; the simulator predicts from ``plan_features(plan)`` of the
     plan ``build_plan`` makes from that spec (the same function on both)."""
