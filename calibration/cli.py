@@ -120,10 +120,14 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
                    "energy; skipped where nvidia-ml-py or NVML is missing).")
 @click.option("--kv-layout", type=click.Choice(KV_LAYOUTS), default="fresh", show_default=True,
               help="Time passes on a fresh KV cache (blocks in order) or on one aged as a server ages it.")
+@click.option("--mixed-per-bucket", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also this many mixed passes per mixed-graph bucket, as SplitFuse serves them (any decode count, "
+                   "chunks at any prefix). Off by default: the mixed model does not fit them well yet "
+                   "(calibration/README.md).")
 @click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, rounds, max_points, device, block_size,
-            gpu_memory_utilization, seed, energy_seconds, kv_layout, no_fit, no_progress):
+            gpu_memory_utilization, seed, energy_seconds, kv_layout, mixed_per_bucket, no_fit, no_progress):
     """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points), or --check FILE."""
     from calibration.profile import load_profile
 
@@ -172,7 +176,7 @@ def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, r
         header, points = run_sweep(model, dtype, points_path, device=device, seed=seed, block_size=block_size,
                                    gpu_memory_utilization=gpu_memory_utilization, time_budget_s=time_budget,
                                    max_points=max_points, progress=not no_progress, rounds=rounds,
-                                   energy_s=energy_seconds, kv_layout=kv_layout)
+                                   energy_s=energy_seconds, kv_layout=kv_layout, mixed_per_bucket=mixed_per_bucket)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(points)} points in {points_path}")

@@ -87,7 +87,7 @@ def prefill_sizes(max_tokens: int = PREFILL_MAX, rng: np.random.Generator | None
 
 def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: int = 0,
                 mixed_per_budget: int = 16, random_decodes: int = 96, max_num_seqs: int = 512,
-                table_per_size: int = 8, mixed_buckets: Sequence[int] = (), per_bucket: int = 12) -> list[PassSpec]:
+                table_per_size: int = 8, mixed_buckets: Sequence[int] = (), per_bucket: int = 0) -> list[PassSpec]:
     """All passes of a profile, in a seeded random order (so a time-boxed run covers every region evenly).
 
     Decodes come three ways: a grid of graph-bucket batch sizes at one context each (the anchors), random
@@ -95,7 +95,7 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
     a partly filled graph bucket costs otherwise than a full one), and the decode table's batches
     (``decode_table_specs``, ``table_per_size`` per batch size; 0: none). Mixed passes draw their decode count
     log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills; with the
-    engine's ``mixed_buckets``, ``per_bucket`` more per bucket (``mixed_graph_specs``)."""
+    engine's ``mixed_buckets`` and ``per_bucket`` > 0, that many more per bucket (``mixed_graph_specs``)."""
     rng = np.random.default_rng(seed)
     specs: list[PassSpec] = []
     for t in prefill_sizes(rng=rng):  # (a) pure prefill; split into sequences the context can hold

@@ -259,11 +259,12 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
               block_size: int = 16, gpu_memory_utilization: float = 0.9, time_budget_s: float | None = None,
               max_points: int | None = None, progress: bool = True,
               specs: list[plans.PassSpec] | None = None, rounds: int = 1,
-              energy_s: float = 0.25, kv_layout: str = "fresh") -> tuple[dict, list[dict]]:
+              energy_s: float = 0.25, kv_layout: str = "fresh", mixed_per_bucket: int = 0) -> tuple[dict, list[dict]]:
     """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given) not yet in ``points_path``, until
     the time budget, until each is measured ``rounds`` times; returns (meta, all points). ``energy_s`` > 0: also
     each pass's energy where NVML answers (``pass_energy``; 0 measures none). ``kv_layout``: "fresh" (each pass's
-    blocks handed out in order) or "aged" (scattered as a long-running server leaves them, ``plans.age_kv_cache``)."""
+    blocks handed out in order) or "aged" (scattered as a long-running server leaves them, ``plans.age_kv_cache``).
+    ``mixed_per_bucket``: passes per mixed-graph bucket of ``plans.mixed_graph_specs`` in the default specs."""
     from tqdm import tqdm
 
     if dtype not in DTYPES:
@@ -302,7 +303,8 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         meter = None
     if specs is None:
         specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed,
-                                  max_num_seqs=MAX_NUM_SEQS, mixed_buckets=mixed_graph_buckets(llm))
+                                  max_num_seqs=MAX_NUM_SEQS, mixed_buckets=mixed_graph_buckets(llm),
+                                  per_bucket=mixed_per_bucket)
     if max_points is not None:
         specs = specs[:max_points]
     count = {p["key"]: p["rounds"] for p in done}

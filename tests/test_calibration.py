@@ -350,8 +350,8 @@ def test_mixed_graph_sweep_covers_every_bucket_and_decode_count():
     specs = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0, mixed_buckets=buckets, per_bucket=12)
     dense = [s for s in specs if s.sweep == "mixed-graph"]
     assert len(dense) == 12 * len(buckets)
-    without = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0)
-    assert not [s for s in without if s.sweep == "mixed-graph"]  # none without the engine's buckets
+    default = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0, mixed_buckets=buckets)
+    assert not [s for s in default if s.sweep == "mixed-graph"]  # only when asked for
     padded = [min(b for b in buckets if b >= s.num_tokens) for s in dense]
     assert np.bincount([buckets.index(b) for b in padded]).min() >= 10  # each bucket measured
     decodes = np.array([s.num_decodes for s in dense])
