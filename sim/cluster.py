@@ -12,6 +12,7 @@ import numpy as np
 import simpy
 
 from engine.policy import BatchPlan, PolicyConfig, ReplicaLoad, Request, SamplingParams, make_balancer
+from engine.policy.load_balancer import estimate_kv_usage
 from sim.costs import DEFAULT_PROFILE, CostModel, load_cost_model
 from sim.replica import Replica
 from sim.request_log import RequestLog
@@ -122,7 +123,8 @@ class _Loads(Sequence):
 
     def __getitem__(self, i: int) -> ReplicaLoad:
         r = self.replicas[i]
-        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, r.reported_kv_usage)
+        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, estimate_kv_usage(
+            r.reported_kv_usage, r.outstanding_tokens, r.reported_outstanding_tokens, r.kv_capacity_tokens))
 
 
 def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
@@ -291,12 +293,12 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
                 yield env.timeout(finish - env.now)
 
     def report_kv_usage():
-        # The router hears each replica's KV usage from its periodic health checks, so a balancer that decides by
-        # it sees it that stale: least-kv sends a second's worth of requests to the replica that was emptiest.
+        # The router hears each replica's KV usage from its periodic health checks, and adds what it sent since.
         while len(log) < n:
             for replica in replicas:
                 if replica is not None:
                     replica.reported_kv_usage = replica.kv_usage_now
+                    replica.reported_outstanding_tokens = replica.outstanding_tokens
             yield env.timeout(config.policy.kv_report_interval)
 
     if clients:

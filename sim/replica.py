@@ -48,6 +48,8 @@ class Replica:
         self._kv_stride = 1
         self._idle: simpy.Event | None = None
         self.reported_kv_usage = 0.0  # as the balancer last heard it (``PolicyConfig.kv_report_interval``)
+        self.reported_outstanding_tokens = 0  # outstanding_tokens then
+        self.kv_capacity_tokens = self.scheduler.stats().kv_capacity_tokens
         self.process = env.process(self.run())
 
     @property

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from engine.policy import BALANCERS, ReplicaLoad, make_balancer
+from engine.policy import BALANCERS, ReplicaLoad, estimate_kv_usage, make_balancer
 
 
 def loads(*requests, tokens=None, kv=None):
@@ -21,6 +21,18 @@ def test_least_policies_pick_the_smallest_and_break_ties_low():
     assert make_balancer("least-requests").choose(ls) == 1
     assert make_balancer("least-tokens").choose(ls) == 3
     assert make_balancer("least-kv").choose(ls) == 3
+
+
+def test_kv_usage_between_reports_adds_the_tokens_sent_since():
+    assert estimate_kv_usage(0.25, 3000, 1000, 8000) == pytest.approx(0.5)  # 2,000 tokens more of 8,000
+    assert estimate_kv_usage(0.25, 0, 4000, 8000) == 0.0  # more finished than sent: never below empty
+    assert estimate_kv_usage(0.25, 3000, 1000, 0) == 0.25  # capacity unknown: the report alone
+    # least-kv alternates between two replicas that reported the same usage, as their estimates grow in turn
+    b, sent = make_balancer("least-kv"), [0, 0]
+    for _ in range(6):
+        i = b.choose([ReplicaLoad(0, s, estimate_kv_usage(0.1, s, 0, 10_000)) for s in sent])
+        sent[i] += 500
+    assert sent == [1500, 1500]
 
 
 def test_random_is_uniform_and_seeded():

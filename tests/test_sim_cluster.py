@@ -161,10 +161,10 @@ def test_the_serving_paths_delays_fall_on_the_clients_times(clients):
         assert df.arrival.iloc[1] == pytest.approx(df.finish.iloc[0])
 
 
-def test_least_kv_decides_by_the_usage_the_replicas_last_reported():
-    """The router hears KV usage from its health checks (every ``kv_report_interval`` seconds): between two, every
-    request goes to the replica that was emptiest at the last one (ties to the lowest index), as the real router's
-    least-kv did on two H200s (calibration/VALIDATION.md). Reported often, it spreads them."""
+def test_least_kv_adds_the_tokens_sent_since_the_last_report():
+    """The router hears KV usage from its health checks (every ``kv_report_interval`` seconds) and adds the tokens
+    it sent since: even with one report, at time 0, least-kv spreads requests instead of sending them all to the
+    replica that was emptiest then; reported often, it spreads them too."""
     workload = small_workload(n=200, rate=40.0)  # 5 s of arrivals
 
     def counts(interval):
@@ -172,8 +172,7 @@ def test_least_kv_decides_by_the_usage_the_replicas_last_reported():
         result = simulate(workload, ClusterConfig(SMALL, replicas=2, policy=policy, noise=False), seed=0)
         return np.bincount(np.asarray(result.columns["replica"]), minlength=2)
 
-    assert list(counts(60.0)) == [200, 0]  # the only report, at time 0, said both were empty
-    often = counts(0.01)
-    assert often.min() > 60
+    assert counts(60.0).min() > 80
+    assert counts(0.01).min() > 60
     with pytest.raises(ValueError, match="kv-report-interval"):
         PolicyConfig(kv_report_interval=0)

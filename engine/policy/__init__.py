@@ -12,7 +12,7 @@ simulator (``sim``). Torch-free; it imports neither the engine's runner nor the 
 
 from engine.policy.block_manager import BlockManager
 from engine.policy.config import PolicyConfig
-from engine.policy.load_balancer import BALANCERS, LoadBalancer, ReplicaLoad, make_balancer
+from engine.policy.load_balancer import BALANCERS, LoadBalancer, ReplicaLoad, estimate_kv_usage, make_balancer
 from engine.policy.plan import BatchPlan, PassFeatures, plan_features
 from engine.policy.request import Request, RequestState
 from engine.policy.sampling_params import SamplingParams
@@ -20,4 +20,4 @@ from engine.policy.scheduler import SCHEDULERS, Scheduler, SchedulerStats, make_
 
 __all__ = ["BALANCERS", "BatchPlan", "BlockManager", "LoadBalancer", "PassFeatures", "PolicyConfig", "ReplicaLoad",
            "Request", "RequestState", "SCHEDULERS", "SamplingParams", "Scheduler", "SchedulerStats",
-           "make_balancer", "make_scheduler", "plan_features", "scheduler_class"]
+           "estimate_kv_usage", "make_balancer", "make_scheduler", "plan_features", "scheduler_class"]

@@ -17,12 +17,24 @@ from dataclasses import dataclass
 class ReplicaLoad:
     """What a balancer may know about a replica.
 
-    ``outstanding_tokens`` counts prompt plus requested output tokens of the requests sent and not finished.
+    ``outstanding_tokens`` counts prompt plus requested output tokens of the requests sent and not finished;
+    ``kv_usage`` is the share of its KV cache in use as far as the balancer can tell (``estimate_kv_usage``).
     """
 
     outstanding_requests: int
     outstanding_tokens: int
     kv_usage: float
+
+
+def estimate_kv_usage(reported: float, outstanding_tokens: int, outstanding_at_report: int,
+                      capacity_tokens: int) -> float:
+    """A replica's KV usage as a balancer can know it: the ``reported`` share (replicas report only now and then,
+    with the router's health checks), plus the outstanding tokens it gained since (sent less finished) as a share
+    of its ``capacity_tokens`` (0: unknown, the report alone). On the report alone least-kv herds: every request
+    between two reports goes to the replica that was emptiest at the first."""
+    if capacity_tokens <= 0:
+        return reported
+    return max(0.0, reported + (outstanding_tokens - outstanding_at_report) / capacity_tokens)
 
 
 class LoadBalancer:

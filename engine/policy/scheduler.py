@@ -37,10 +37,15 @@ class SchedulerStats:
     num_passes: int  # plans ``schedule`` returned
     num_blocks: int
     num_free_blocks: int
+    block_size: int
 
     @property
     def kv_usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
 
 
 class Scheduler:
@@ -128,7 +133,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         bm = self.block_manager
         return SchedulerStats(len(self.running), len(self.waiting), self.num_preemptions, self.num_passes,
-                              bm.num_blocks, bm.num_free_blocks)
+                              bm.num_blocks, bm.num_free_blocks, bm.block_size)
 
     # -- building a pass -----------------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> BatchPlan | None:

@@ -89,6 +89,7 @@ def engine_stats(engine, busy_s: float = 0.0) -> dict:
     s = engine.stats()
     return {"running": s.num_running, "waiting": s.num_waiting, "kv_usage": s.kv_usage,
             "kv_free_blocks": s.num_free_blocks, "kv_total_blocks": s.num_blocks,
+            "kv_capacity_tokens": s.kv_capacity_tokens,
             "preemptions": s.num_preemptions, "passes": s.num_passes, "unfinished": engine.has_unfinished(),
             "busy_s": busy_s}
 

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.config import EngineConfig
-from engine.policy import PolicyConfig, ReplicaLoad, make_balancer
+from engine.policy import PolicyConfig, ReplicaLoad, estimate_kv_usage, make_balancer
 from engine.policy.options import config_flags
 from engine.server.config import ServerConfig
 from engine.server.guards import error_response, fastapi_options, install_guards
@@ -53,13 +53,16 @@ class Replica:
     dead: bool = False  # its process exited and its restarts are spent: out of rotation for good
     outstanding_requests: int = 0
     outstanding_tokens: int = 0
-    kv_usage: float = 0.0
+    kv_usage: float = 0.0  # as the last health check reported it
+    outstanding_at_report: int = 0  # outstanding_tokens then
+    kv_capacity_tokens: int = 0
     failures: int = 0
     restarts: int = 0
     restart_at: float | None = None  # monotonic time of the next restart, while one is pending
 
     def load(self) -> ReplicaLoad:
-        return ReplicaLoad(self.outstanding_requests, self.outstanding_tokens, self.kv_usage)
+        return ReplicaLoad(self.outstanding_requests, self.outstanding_tokens, estimate_kv_usage(
+            self.kv_usage, self.outstanding_tokens, self.outstanding_at_report, self.kv_capacity_tokens))
 
     def exited(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -152,7 +155,10 @@ class Router:
             r = await self.client.get(replica.url + "/health", timeout=max(2.0, self.health_interval))
             ok = r.status_code == 200
             if ok:
-                replica.kv_usage = float(r.json().get("kv_usage", 0.0))
+                health = r.json()
+                replica.kv_usage = float(health.get("kv_usage", 0.0))
+                replica.outstanding_at_report = replica.outstanding_tokens
+                replica.kv_capacity_tokens = int(health.get("kv_capacity_tokens", 0))
         except (httpx.HTTPError, ValueError):
             ok = False
         replica.failures = 0 if ok else replica.failures + 1
