@@ -217,6 +217,12 @@ class Fleet:
             server.wait_idle(timeout)
 
 
+def fleet_router(model: str, cell: Cell, engine_options: dict, log: Path, urls: tuple[str, ...]) -> Server:
+    """A router for one cell over the engines at ``urls``, its balancer seeded with the cell's seed as the simulator's
+    is: a random balancer then draws the simulator's choices, which it could not after an earlier run's draws."""
+    return Server(model, cell.policy, {**engine_options, "seed": cell.seed}, None, log, replica_urls=urls)
+
+
 def trace_files(out: Path, server: str, replicas: int) -> list[Path]:
     """The pass trace of each engine of ``server`` (one per replica)."""
     if replicas == 1:
@@ -418,11 +424,11 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
             return cell.load * saturation[name][cell.mix]
 
         def run_cells(target, name: str, group: list[Cell]) -> None:
-            served = ServedCost(estimate, target.info["kv_total_blocks"], target.info["max_model_len"])
             for cell in group:
                 if time.monotonic() > deadline:
                     progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: skipped (time budget)")
                     continue
+                served = ServedCost(estimate, target.info["kv_total_blocks"], target.info["max_model_len"])
                 rate = None
                 if cell.load is not None:
                     rate = rate_of(target, name, cell, served)
@@ -458,13 +464,24 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                 if replicas == 1:
                     run_cells(servers[0], name, group)
                     continue
-                by_balancer: dict[str, list[Cell]] = {}
+                urls = tuple(s.url for s in servers)
+                first_of_mix: dict[str, Cell] = {}
                 for cell in group:
-                    by_balancer.setdefault(cell.balancer, []).append(cell)
-                for balancer, cells_of in by_balancer.items():
-                    with Server(model, cells_of[0].policy, engine_options, None, out / f"router-{name}-{balancer}.log",
-                                replica_urls=tuple(s.url for s in servers)) as router:
-                        run_cells(Fleet(servers, router), name, cells_of)
+                    if cell.load is not None:
+                        first_of_mix.setdefault(cell.mix, cell)
+                for cell in first_of_mix.values():  # the loads' saturation rates, on a router of their own
+                    if cell.mix not in saturation.get(name, {}):
+                        with fleet_router(model, cell, engine_options, out / f"router-{name}-saturation-{cell.mix}.log",
+                                          urls) as r:
+                            rate_of(Fleet(servers, r), name, cell,
+                                    ServedCost(estimate, info["kv_total_blocks"], info["max_model_len"]))
+                for i, cell in enumerate(group):
+                    if time.monotonic() > deadline:
+                        run_cells(None, name, [cell])  # says it is skipped
+                        continue
+                    with fleet_router(model, cell, engine_options, out / f"router-{name}-{cell.balancer}-{i}.log",
+                                      urls) as r:
+                        run_cells(Fleet(servers, r), name, [cell])
     meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
             "client_processes": client_processes, "warmup_requests": warmup_requests,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

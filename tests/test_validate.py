@@ -16,8 +16,8 @@ from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
-from engine.policy import PassFeatures  # noqa: E402
-from sim.validate import make_cells, parse_mix, steady_throughput, validate  # noqa: E402
+from engine.policy import PassFeatures, make_balancer  # noqa: E402
+from sim.validate import load_measured, make_cells, parse_mix, steady_throughput, trace_files, validate  # noqa: E402
 
 MIX = "tiny=uniform:8:40/fixed:5"
 SPECS = [plans.PassSpec("prefill", chunks=((0, n, 0),)) for n in (3, 9, 17, 25, 40, 64, 100, 130)]
@@ -132,13 +132,14 @@ def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_p
     assert result.exit_code == 2 and "--from" in result.output
 
 
-def test_a_fleet_runs_behind_the_router_once_per_balancer(cpu_profile, run, tmp_path):
-    """Two engines (CPU slots) behind ``splitfuse serve --replica-url``, one router per balancer, on one engine's
-    saturation rate from the earlier run (``--saturation-from``) times two; every engine's passes traced."""
+def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
+    """Two engines (CPU slots) behind ``splitfuse serve --replica-url``, a router per cell, on one engine's
+    saturation rate from the earlier run (``--saturation-from``) times two; every engine's passes traced; the
+    random balancer sends each request where the simulator's does (both seeded with the cell's seed)."""
     earlier, _ = run
     args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256", "--mix", MIX,
             "--loads", "0.5", "-n", "12", "--warmup", "4", "--client-processes", "2", "--replicas", "2",
-            "--balancer", "round-robin", "--balancer", "least-kv", "--saturation-from", str(earlier),
+            "--balancer", "round-robin", "--balancer", "random", "--saturation-from", str(earlier),
             "--out", str(tmp_path)]
     result = CliRunner().invoke(validate, args)
     assert result.exit_code == 0, result.output
@@ -147,12 +148,28 @@ def test_a_fleet_runs_behind_the_router_once_per_balancer(cpu_profile, run, tmp_
     assert json.loads((tmp_path / "meta.json").read_text())["saturation_rps"]["splitfuse-768-x2"]["tiny"] == \
         pytest.approx(2 * one)
     frame = pd.read_csv(tmp_path / "validation.csv")
-    assert len(frame) == 2 * 3 and set(frame.balancer) == {"round-robin", "least-kv"}
+    assert len(frame) == 2 * 3 and set(frame.balancer) == {"round-robin", "random"}
     assert (frame.replicas == 2).all() and (frame.requests == 12).all()
     assert frame.rate.dropna().to_numpy() == pytest.approx(0.5 * 2 * one)
     passes = pd.read_csv(tmp_path / "passes.csv")
     assert set(passes.replica) == {0, 1}  # round-robin alone gives each engine work
     assert (tmp_path / "trace-splitfuse-768-x2-r1.jsonl").exists()
+    replica_of = {}
+    for i, path in enumerate(trace_files(tmp_path, "splitfuse-768-x2", 2)):
+        replica_of.update({r["id"]: i for r in map(json.loads, path.read_text().splitlines()) if r["kind"] != "pass"})
+    _, runs, _ = load_measured(tmp_path)
+    (cell, records), = [(m.cell, m.records) for _, m, _ in runs if m.cell.balancer == "random"]
+    records = sorted(records, key=lambda r: r.arrival)
+    served = [replica_of[r.response_id] for r in records]
+    balancer = make_balancer("random", cell.seed)
+    draws = [balancer.choose([None, None]) for _ in served]
+    i = 0
+    while i < len(served):  # the same, but where two requests sent close together reached the router swapped
+        if served[i] != draws[i]:
+            assert i + 1 < len(records) and records[i + 1].arrival - records[i].arrival < 0.02, (served, draws)
+            assert served[i:i + 2] == draws[i:i + 2][::-1], (served, draws)
+            i += 1
+        i += 1
 
 
 def test_a_fleet_needs_known_balancers():
