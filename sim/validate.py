@@ -332,21 +332,33 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     (``predicted_s``). ``pass_s`` spans what a profile's sweep times (schedule, run, sample, update); ``loop_s``
     runs until the next step began, the serving loop's own work (outputs, sending, commands) included, and
     ``serving_s`` is that work alone: both only where the next step began at once (else NaN: the engine went
-    idle)."""
+    idle).
+
+    A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
+    next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
+    one's start, its prediction their sum) and theirs keep only ``serving_s``."""
     lo, hi = measured.window
     rows = []
     for replica, engine_passes in enumerate(passes):
+        run_start, run_predicted, run_passes = None, 0.0, 0  # the passes since the last that waited for the GPU
         for i, p in enumerate(engine_passes):
-            if not lo <= p["start"] <= hi:
-                continue
+            predicted = cost.predict(PassFeatures.from_mapping(p))
             following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
             busy = following is not None and following - p["sent"] < 1e-3
-            rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
-                         "num_outputs": p["num_outputs"], **{f: p[f] for f in PassFeatures._fields},
-                         "pass_s": p["updated"] - p["start"],
-                         "loop_s": following - p["start"] if busy else float("nan"),
-                         "serving_s": following - p["updated"] if busy else float("nan"),
-                         "predicted_s": cost.predict(PassFeatures.from_mapping(p))})
+            unsynced = p["num_samples"] == 0 and busy
+            start = p["start"] if run_start is None else run_start
+            if unsynced:
+                run_start, run_predicted, run_passes = start, run_predicted + predicted, run_passes + 1
+            if lo <= p["start"] <= hi:
+                rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
+                             "num_outputs": p["num_outputs"], **{f: p[f] for f in PassFeatures._fields},
+                             "passes": 0 if unsynced else run_passes + 1,
+                             "pass_s": float("nan") if unsynced else p["updated"] - start,
+                             "loop_s": following - start if busy and not unsynced else float("nan"),
+                             "serving_s": following - p["updated"] if busy else float("nan"),
+                             "predicted_s": float("nan") if unsynced else predicted + run_predicted})
+            if not unsynced:
+                run_start, run_predicted, run_passes = None, 0.0, 0
     return rows
 
 

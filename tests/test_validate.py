@@ -17,7 +17,17 @@ from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures, make_balancer  # noqa: E402
-from sim.validate import load_measured, make_cells, parse_mix, steady_throughput, trace_files, validate  # noqa: E402
+from sim.validate import (  # noqa: E402
+    Cell,
+    Measured,
+    cell_passes,
+    load_measured,
+    make_cells,
+    parse_mix,
+    steady_throughput,
+    trace_files,
+    validate,
+)
 
 MIX = "tiny=uniform:8:40/fixed:5"
 SPECS = [plans.PassSpec("prefill", chunks=((0, n, 0),)) for n in (3, 9, 17, 25, 40, 64, 100, 130)]
@@ -77,6 +87,31 @@ def test_passes_are_traced_with_predictions(run):
     assert len(busy) and (busy.loop_s >= busy.pass_s).all() and (busy.serving_s > 0).all()
     # every token of the 20 measured requests (5 each) came from a traced pass's sampled entries
     assert passes.num_samples.sum() >= 20 * 5
+
+
+def test_a_pass_that_samples_nothing_is_timed_with_the_next_that_does():
+    """Prompt chunks alone end without waiting for the GPU: their work shows in the next pass that samples, which
+    is compared with the prediction of them all, from the first one's start."""
+
+    class Cost:
+        def predict(self, f):
+            return 0.010
+
+    def traced(start, samples, updated):
+        return {"start": start, "sent": updated + 1e-5, "updated": updated, "path": "mixed-graph", "ahead": False,
+                "num_outputs": samples, **dict.fromkeys(PassFeatures._fields, 1), "num_samples": samples}
+
+    trace = [traced(0.000, 0, 0.001), traced(0.0012, 0, 0.002), traced(0.0022, 1, 0.030), traced(0.0302, 1, 0.040),
+             traced(0.0403, 1, 0.050)]
+    cell = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1)
+    rows = cell_passes(Measured(cell, None, [], 0.0, (0.0, 1.0)), [trace], Cost())
+    assert [r["passes"] for r in rows] == [0, 0, 3, 1, 1]
+    merged = rows[2]
+    assert merged["predicted_s"] == pytest.approx(0.030) and merged["pass_s"] == pytest.approx(0.030)
+    assert merged["loop_s"] == pytest.approx(0.0302)
+    assert np.isnan(rows[0]["predicted_s"]) and np.isnan(rows[0]["loop_s"]) and rows[0]["serving_s"] > 0
+    assert rows[3]["predicted_s"] == pytest.approx(0.010) and rows[3]["pass_s"] == pytest.approx(0.0098)
+    assert np.isnan(rows[4]["loop_s"])  # the last pass: no next step to time it to
 
 
 def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_profile):
