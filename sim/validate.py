@@ -482,7 +482,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                     if cell.load is not None:
                         first_of_mix.setdefault(cell.mix, cell)
                 for cell in first_of_mix.values():  # the loads' saturation rates, on a router of their own
-                    if cell.mix not in saturation.get(name, {}):
+                    if cell.mix not in saturation.get(name, {}) and time.monotonic() <= deadline:
                         with fleet_router(model, cell, engine_options, out / f"router-{name}-saturation-{cell.mix}.log",
                                           urls) as r:
                             rate_of(Fleet(servers, r), name, cell,
