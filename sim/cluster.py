@@ -111,20 +111,22 @@ class SimResult:
 
 
 class _Loads(Sequence):
-    """A lazy view of the replicas' loads: a balancer pays only for the replicas it looks at."""
+    """A lazy view of the replicas' loads: a balancer pays only for the replicas it looks at, and for the KV usage
+    estimate only if it decides by it (``reads_kv_usage``)."""
 
-    __slots__ = ("replicas",)
+    __slots__ = ("replicas", "reads_kv_usage")
 
-    def __init__(self, replicas: list[Replica]) -> None:
-        self.replicas = replicas
+    def __init__(self, replicas: list[Replica], reads_kv_usage: bool) -> None:
+        self.replicas, self.reads_kv_usage = replicas, reads_kv_usage
 
     def __len__(self) -> int:
         return len(self.replicas)
 
     def __getitem__(self, i: int) -> ReplicaLoad:
         r = self.replicas[i]
-        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, estimate_kv_usage(
-            r.reported_kv_usage, r.outstanding_tokens, r.reported_outstanding_tokens, r.kv_capacity_tokens))
+        kv = estimate_kv_usage(r.reported_kv_usage, r.outstanding_tokens, r.reported_outstanding_tokens,
+                               r.kv_capacity_tokens) if self.reads_kv_usage else r.reported_kv_usage
+        return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, kv)
 
 
 def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
@@ -242,7 +244,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
 
     replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass)
                 if own is None or i in own else None for i, cost in enumerate(costs)]
-    loads = _Loads(replicas)
+    loads = _Loads(replicas, balancer.reads_kv_usage)
     choose = balancer.choose
     prompts = table.prompt_tokens.tolist()
     outputs = table.output_tokens.tolist()
