@@ -7,7 +7,8 @@ weight Llama-2-7B-shaped model in bf16 it measures, in this order and in this on
 through ``runner.run``, and the step's graph alone) against (weight + KV bytes) / copy bandwidth; a 2,048-token
 prefill against the matmul rate; SplitFuse passes at budget 768 against a pure prefill of the same token count,
 timed in interleaved rounds; host time per pass;
-an offline run of 1,000 seeded requests (with KV-slot occupancy at peak); then, after freeing the engine,
+an offline run of 1,000 seeded requests, traced pass by pass (``LLMEngine.trace_passes`` with device time: host
+time of schedule, launch and update, GPU time, KV-slot occupancy at peak); then, after ``LLMEngine.close``,
 transformers ``generate`` on a seeded subset of whole padded batches of 64. Where nvidia-ml-py is installed it
 also measures energy (NVML): the card's cost of reading a GB and of a bf16 TFLOP, the prefill's and both offline
 runs' joules, and the offline run's energy floor, the least time its unavoidable work takes at the power limit.
@@ -29,14 +30,12 @@ import time
 import numpy as np
 import torch
 
-import engine.cuda_graphs
 import engine.inputs
-import engine.runner
 import kernels
 from benchmarks.common import run_metadata, write_results
 from calibration.plans import PassSpec, build_plan, release
-from engine.llm import LLMEngine
-from engine.policy import BatchPlan, SamplingParams, plan_features
+from engine.llm import LLMEngine, PassRecord
+from engine.policy import BatchPlan, SamplingParams
 from engine.weights import random_init
 
 MODEL = "llama-2-7b"
@@ -173,24 +172,24 @@ class Passes:
         self.schedulers = []
 
 
-def time_pass(llm: LLMEngine, plan: BatchPlan, repeats: int = 20) -> dict:
+def time_pass(llm: LLMEngine, plan: BatchPlan, repeats: int = 20, use_graphs: bool = True) -> dict:
     """Median GPU ms (events around runner.run: copy in, forward, sampling) and wall ms (host clock, incl. the
-    sync) of one pass; host ms of packing its inputs alone."""
+    sync) of one pass; host ms of packing its inputs alone. ``use_graphs=False``: eager even where a graph fits."""
     runner = llm.runner
     for _ in range(3):
-        runner.run(plan)
+        runner.run(plan, use_graphs=use_graphs)
     torch.cuda.synchronize()
     gpu, wall = [], []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
-        runner.run(plan)
+        runner.run(plan, use_graphs=use_graphs)
         end.record()
         torch.cuda.synchronize()
         wall.append((time.perf_counter() - t0) * 1e3)
         gpu.append(start.elapsed_time(end))
-    graph = runner.graphs.key(plan) if runner.graphs is not None else None
+    graph = runner.graphs.key(plan) if use_graphs and runner.graphs is not None else None
     pack = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -254,16 +253,12 @@ def breakdown(llm: LLMEngine, plan: BatchPlan, repeats: int = 5) -> dict:
     """Kernel time per kind (torch.profiler, eager pass) against the pass's span: where the time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    graphs, llm.runner.graphs = llm.runner.graphs, None
-    try:
-        llm.runner.run(plan)
+    llm.runner.run(plan, use_graphs=False)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            llm.runner.run(plan, use_graphs=False)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(repeats):
-                llm.runner.run(plan)
-            torch.cuda.synchronize()
-    finally:
-        llm.runner.graphs = graphs
     kinds: dict[str, float] = {}
     count = 0
     for evt in prof.key_averages():
@@ -387,21 +382,17 @@ def micro(llm: LLMEngine, ceil: dict, rng: np.random.Generator) -> dict:
         passes.release()
     # the same 64x1k decodes without CUDA graphs: what the graphs buy
     plan = passes.plan(decodes=64, ctx=1024)
-    graphs, llm.runner.graphs = llm.runner.graphs, None
-    res["decode_b64_1k_eager"] = time_pass(llm, plan, repeats=10)
+    res["decode_b64_1k_eager"] = time_pass(llm, plan, repeats=10, use_graphs=False)
     plan1 = passes.plan(decodes=1, ctx=1024)
-    res["decode_b1_1k_eager"] = time_pass(llm, plan1, repeats=10)
+    res["decode_b1_1k_eager"] = time_pass(llm, plan1, repeats=10, use_graphs=False)
     # small passes with prompt tokens, replayed vs eager: what the mixed-pass graphs buy (wall clock: host-bound)
     for chunk, decodes in ((16, 0), (128, 0), (512, 0), (500, 12), (1000, 24)):
         plan = passes.plan(decodes=decodes, ctx=1024, chunk=chunk)
-        res[f"small_{chunk}+{decodes}d_eager"] = time_pass(llm, plan, repeats=10)
-        llm.runner.graphs = graphs
+        res[f"small_{chunk}+{decodes}d_eager"] = time_pass(llm, plan, repeats=10, use_graphs=False)
         res[f"small_{chunk}+{decodes}d_graph"] = time_pass(llm, plan, repeats=10)
-        llm.runner.graphs = None
         passes.release()
         print(f"pass {chunk} + {decodes} decodes: eager {res[f'small_{chunk}+{decodes}d_eager']}, "
               f"graph {res[f'small_{chunk}+{decodes}d_graph']}", flush=True)
-    llm.runner.graphs = graphs
     passes.release()
     return res
 
@@ -414,99 +405,63 @@ def workload(n: int = 1000, seed: int = SEED) -> list[tuple[list[int], int]]:
     return [(rng.integers(3, VOCAB, int(p)).tolist(), int(o)) for p, o in zip(prompts, outputs)]
 
 
-# The modules that call ``engine.inputs.pack_inputs`` by the name they imported: ``Instrument`` times it there.
-PACK_CALLERS = (engine.runner, engine.cuda_graphs)
-
-
 class Instrument:
-    """Host clocks around schedule / pack / update, CUDA events around each pass (``runner.launch``: passes enqueued
-    ahead are timed too, those discarded included), KV occupancy after each step. The engine has no hooks for
-    these clocks, so for the timed run they wrap this engine's scheduler and runner methods and ``pack_inputs`` in
-    the modules that call it (``PACK_CALLERS``); ``restore`` puts everything back."""
+    """The offline run pass by pass, from the engine's pass trace (``LLMEngine.trace_passes`` with device time):
+    host time of schedule, launch (pack, copy, replay or kernel launches) and update, each pass's GPU time (CUDA
+    events around its launch, passes enqueued ahead too; a discarded one is only counted, in ``enqueued_ahead``),
+    path and features, KV occupancy after each step, and Triton compilations (``triton.knobs.runtime
+    .jit_cache_hook``). ``stop`` ends the trace and restores the hook."""
 
     def __init__(self, llm: LLMEngine):
-        self.llm = llm
-        self.sched, self.pack, self.update, self.events, self.steps, self.plans = [], [], [], [], [], []
-        self.peak_used, self.peak_live, self.kinds = 0, 0, {"decode graph": 0, "mixed graph": 0,
-                                                                          "eager": 0}
-        sched, runner = llm.scheduler, llm.runner
-        self.ahead_before = dict(llm.pipeline_stats)
-        orig_schedule, orig_update, orig_launch = sched.schedule, sched.update, runner.launch
-        orig_pack = engine.inputs.pack_inputs
-        stale = [m.__name__ for m in PACK_CALLERS if getattr(m, "pack_inputs", None) is not orig_pack]
-        if stale:  # the engine moved pack_inputs: patching these would time nothing
-            raise RuntimeError(f"{', '.join(stale)} no longer call engine.inputs.pack_inputs; update PACK_CALLERS")
-
-        def schedule(*a, **kw):
-            t0 = time.perf_counter()
-            plan = orig_schedule(*a, **kw)
-            self.sched.append(time.perf_counter() - t0)
-            return plan
-
-        def update(*a, **kw):
-            t0 = time.perf_counter()
-            out = orig_update(*a, **kw)
-            self.update.append(time.perf_counter() - t0)
-            kv = llm.stats()
-            used = kv.num_blocks - kv.num_free_blocks
-            if used >= self.peak_used:
-                self.peak_used = used
-                self.peak_live = sum(r.num_computed_tokens for r in sched.running)
-            return out
-
-        def pack(*a, **kw):
-            t0 = time.perf_counter()
-            out = orig_pack(*a, **kw)
-            self.pack.append(time.perf_counter() - t0)
-            return out
-
-        def launch(plan, *a, **kw):
-            key = runner.graphs.key(plan) if runner.graphs is not None else None
-            self.kinds["eager" if key is None else f"{key[0]} graph"] += 1
-            f = plan_features(plan)
-            self.plans.append((f.num_tokens, f.decode_tokens, f.decode_context))
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = orig_launch(plan, *a, **kw)
-            end.record()
-            self.events.append((start, end))
-            return out
-
-        sched.schedule, sched.update, runner.launch = schedule, update, launch
-        for module in PACK_CALLERS:
-            module.pack_inputs = pack
-        # Triton compilations inside the timed run (each a stall of 1-2 s), with the pass they happened in
-        self.jit = []
         from triton import knobs
-        orig_hook = knobs.runtime.jit_cache_hook
-        knobs.runtime.jit_cache_hook = lambda *, repr, **kw: self.jit.append((len(self.events), repr[:600]))
 
-        def restore():
-            sched.schedule, sched.update, runner.launch = orig_schedule, orig_update, orig_launch
-            for module in PACK_CALLERS:
-                module.pack_inputs = orig_pack
-            knobs.runtime.jit_cache_hook = orig_hook
+        self.llm, self.records, self.jit = llm, [], []
+        self.peak_used = self.peak_live = 0
+        self.ahead_before = dict(llm.pipeline_stats)
+        # Triton compilations inside the timed run (each a stall of 1-2 s), with the pass they happened in
+        self.knobs, self.jit_hook = knobs, knobs.runtime.jit_cache_hook
+        knobs.runtime.jit_cache_hook = lambda *, repr, **kw: self.jit.append((len(self.records), repr[:600]))
+        self.untrace = llm.trace_passes(self.add, device_time=True)
 
-        self.restore = restore
+    def add(self, record: PassRecord) -> None:
+        self.records.append(record)
+        kv = self.llm.stats()
+        used = kv.num_blocks - kv.num_free_blocks
+        if used >= self.peak_used:
+            self.peak_used = used
+            self.peak_live = sum(r.num_computed_tokens for r in self.llm.scheduler.running)
+
+    def stop(self) -> None:
+        self.untrace()
+        self.knobs.runtime.jit_cache_hook = self.jit_hook
 
     def summary(self, wall_s: float) -> dict:
-        torch.cuda.synchronize()
-        gpu = np.array([s.elapsed_time(e) for s, e in self.events]) * 1e-3
+        """``launch_ms_median`` and the launch part of ``host_ms_per_step_mean`` are of passes launched in their
+        own step (a pass enqueued ahead was launched while the pass before it ran)."""
+        recs = self.records
+        sched = [r.scheduled - r.start for r in recs]
+        launch = [r.launched - r.scheduled for r in recs if not r.ahead] or [0.0]
+        update = [r.updated - r.sampled for r in recs]
+        gpu = np.array([np.nan if r.device_s is None else r.device_s for r in recs])
+        kinds = {"decode graph": 0, "mixed graph": 0, "eager": 0}
+        for r in recs:
+            kinds[r.path.replace("-", " ")] += 1
         bs = self.llm.block_size
-        return {"steps": len(self.events), "passes": self.kinds, "enqueued_ahead": {
+        return {"steps": len(recs), "passes": kinds, "enqueued_ahead": {
                     k: v - self.ahead_before[k] for k, v in self.llm.pipeline_stats.items()},
-                "wall_s": wall_s, "gpu_s": float(gpu.sum()),
-                "exposed_host_frac": 1 - float(gpu.sum()) / wall_s,
-                "schedule_ms_median": float(np.median(self.sched)) * 1e3,
-                "update_ms_median": float(np.median(self.update)) * 1e3,
-                "pack_ms_median": float(np.median(self.pack)) * 1e3,
-                "host_ms_per_step_mean": float(np.mean(self.sched) + np.mean(self.update) + np.mean(self.pack)) * 1e3,
-                "gpu_ms_per_step_median": float(np.median(gpu)) * 1e3,
+                "wall_s": wall_s, "gpu_s": float(np.nansum(gpu)),
+                "exposed_host_frac": 1 - float(np.nansum(gpu)) / wall_s,
+                "schedule_ms_median": float(np.median(sched)) * 1e3,
+                "update_ms_median": float(np.median(update)) * 1e3,
+                "launch_ms_median": float(np.median(launch)) * 1e3,
+                "host_ms_per_step_mean": float(np.mean(sched) + np.mean(update) + np.mean(launch)) * 1e3,
+                "gpu_ms_per_step_median": float(np.nanmedian(gpu)) * 1e3,
                 "kv_peak_used_blocks": self.peak_used, "kv_blocks": self.llm.num_kv_blocks,
                 "kv_live_tokens_at_peak": self.peak_live,
                 "kv_occupancy_at_peak": self.peak_live / max(1, self.peak_used * bs), "jit_compiles": self.jit,
                 # per pass: (tokens, decodes, decode context, GPU ms), to see where the time goes
-                "per_pass": [(*f, round(float(g) * 1e3, 3)) for f, g in zip(self.plans, gpu)]}
+                "per_pass": [(r.features.num_tokens, r.features.decode_tokens, r.features.decode_context,
+                              round(float(g) * 1e3, 3)) for r, g in zip(recs, gpu)]}
 
 
 def fits_seqs(llm: LLMEngine, reqs, cap: int = 256) -> int:
@@ -525,15 +480,17 @@ def offline(llm: LLMEngine, reqs, ceil: dict) -> dict:
     torch.cuda.synchronize()
     inst = Instrument(llm)
     meter = energy_meter()
-    with meter or contextlib.nullcontext():
-        t0 = time.perf_counter()
-        for prompt, out in reqs:
-            llm.add_request(prompt, SamplingParams(max_tokens=out, temperature=0, ignore_eos=True))
-        done = 0
-        while llm.has_unfinished():
-            done += sum(o.finished for o in llm.step())
-        wall = time.perf_counter() - t0
-    inst.restore()
+    try:
+        with meter or contextlib.nullcontext():
+            t0 = time.perf_counter()
+            for prompt, out in reqs:
+                llm.add_request(prompt, SamplingParams(max_tokens=out, temperature=0, ignore_eos=True))
+            done = 0
+            while llm.has_unfinished():
+                done += sum(o.finished for o in llm.step())
+            wall = time.perf_counter() - t0
+    finally:
+        inst.stop()
     prompt_tokens = sum(len(p) for p, _ in reqs)
     output_tokens = sum(o for _, o in reqs)
     res = inst.summary(wall)
@@ -690,7 +647,7 @@ def main() -> None:
         print(f"micro FAILED: {e!r}", flush=True)
     dump()
     reqs = workload(args.requests)
-    llm.scheduler.max_num_seqs = args.max_num_seqs or fits_seqs(llm, reqs)
+    llm.set_max_num_seqs(args.max_num_seqs or fits_seqs(llm, reqs))
     try:
         result["offline"] = offline(llm, reqs, ceil)
         print(f"offline: {result['offline']}", flush=True)
@@ -698,9 +655,8 @@ def main() -> None:
         result["offline_error"] = repr(e)
         print(f"offline FAILED: {e!r}", flush=True)
     dump()
-    runner = llm.runner  # drop every reference to the cache, graphs and weights before transformers loads
-    runner.graphs = runner.kv_cache = runner.kv_caches = runner.model = llm.model = None
-    del llm, runner
+    llm.close()  # the cache, graphs and weights go before transformers loads
+    del llm
     gc.collect()
     torch.cuda.empty_cache()
     print(f"after freeing the engine: {torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated", flush=True)
@@ -767,9 +723,9 @@ def print_table(r: dict) -> None:
     if o:
         print(f"offline: {o['wall_s']:.1f} s, {o['output_tok_per_s']:.0f} out tok/s, {o['total_tok_per_s']:.0f} "
               f"tok/s, {o['steps']} steps {o['passes']}, preemptions {o['preemptions']}; host per step "
-              f"{o['host_ms_per_step_mean']:.2f} ms (sched {o['schedule_ms_median']:.2f}, pack "
-              f"{o['pack_ms_median']:.2f}, update {o['update_ms_median']:.2f}) vs GPU {o['gpu_ms_per_step_median']:.2f}"
-              f" ms median; exposed host {o['exposed_host_frac']:.1%} of wall")
+              f"{o['host_ms_per_step_mean']:.2f} ms (sched {o['schedule_ms_median']:.2f}, launch "
+              f"{o['launch_ms_median']:.2f}, update {o['update_ms_median']:.2f}) vs GPU "
+              f"{o['gpu_ms_per_step_median']:.2f} ms median; exposed host {o['exposed_host_frac']:.1%} of wall")
     if o.get("energy"):
         e = o["energy"]
         print(f"offline energy: {e['joules'] / 1e3:.1f} kJ ({e['joules'] / o['requests']:.0f} J a request), mean "

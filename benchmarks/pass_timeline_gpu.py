@@ -35,14 +35,14 @@ PLANS = {"prefill 2048": {"chunk": 2048}, "prefill 1024": {"chunk": 1024}, "1000
          "decodes": 24}, "prefill 512": {"chunk": 512}, "1800 + 48 decodes": {"chunk": 1800, "decodes": 48}}
 
 
-def trace_pass(llm: LLMEngine, plan) -> dict:
+def trace_pass(llm: LLMEngine, plan, use_graphs: bool = True) -> dict:
     """One pass under torch.profiler: kernels per kind, span, idle time and the five largest gaps."""
     from torch.profiler import ProfilerActivity, profile
 
-    llm.runner.run(plan)
+    llm.runner.run(plan, use_graphs=use_graphs)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.runner.run(plan)
+        llm.runner.run(plan, use_graphs=use_graphs)
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
@@ -71,10 +71,6 @@ def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[obje
     """Replay ms (median of 3 interleaved rounds of 5) of ``plans`` with the graphs recaptured under each setting
     (``name: [(module, attribute, value), ...]``); the settings alternate within each round, so drift falls on
     all. ``max_batch``: capture decode graphs only up to it (and mixed graphs of at most that many sequences)."""
-    import gc
-
-    from engine.cuda_graphs import PassGraphs
-
     runner = llm.runner
     max_batch, max_tokens = max_batch or runner.graphs.max_batch, runner.graphs.mixed_buckets[-1]
     built = {name: passes.plan(**kw) for name, kw in plans.items()}
@@ -83,10 +79,7 @@ def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[obje
         for setting, assignments in settings.items():
             for module, attr, value in assignments:
                 setattr(module, attr, value)
-            runner.graphs = None  # one set of graphs alive at a time
-            gc.collect()
-            torch.cuda.empty_cache()
-            runner.graphs = PassGraphs(runner, max_batch, max_tokens)
+            runner.rebuild_graphs(max_batch, max_tokens)  # one set of graphs alive at a time
             for name, plan in built.items():
                 times[setting][name].append(time_pass(llm, plan, repeats=5)["gpu_ms"])
     passes.release()
@@ -122,45 +115,37 @@ def main() -> None:
     llm = bench_engine()
     random_kv(llm)
     passes = Passes(llm, np.random.default_rng(SEED))
-    graphs = llm.runner.graphs
-    res = {"graph_tokens": args.graph_tokens, "mixed_buckets": graphs.mixed_buckets, "plans": {}}
+    res = {"graph_tokens": args.graph_tokens, "mixed_buckets": llm.runner.graphs.mixed_buckets, "plans": {}}
     recapture = args.graph_programs or args.pdl or args.mixed_decode or args.fused or args.overlap
     timelines = {} if recapture else {**PLANS, **DECODES}
     for name, kw in ((n, kw) for n, kw in timelines.items() if args.only in n):
         plan = passes.plan(**kw)
-        row = {"graph": graphs.key(plan)}
+        row = {"graph": llm.runner.graphs.key(plan)}
         modes = ("eager", "replay") if row["graph"] is not None else ("eager",)
         times = {m: [] for m in modes}
         for _ in range(3):  # interleaved rounds: clock and power drift fall on both modes alike
             for mode in modes:
-                llm.runner.graphs = graphs if mode == "replay" else None
-                times[mode].append(time_pass(llm, plan, repeats=5)["gpu_ms"])
+                times[mode].append(time_pass(llm, plan, repeats=5, use_graphs=mode == "replay")["gpu_ms"])
         for mode in modes:
-            llm.runner.graphs = graphs if mode == "replay" else None
             row[mode] = {"gpu_ms": float(np.median(times[mode])), "rounds_ms": times[mode]}
-            row[f"{mode}_trace"] = trace_pass(llm, plan)
-        llm.runner.graphs = graphs
+            row[f"{mode}_trace"] = trace_pass(llm, plan, use_graphs=mode == "replay")
         passes.release()
         res["plans"][name] = row
         print(name, json.dumps(row, default=str), flush=True)
     if args.graph_programs:
         from kernels import triton_attention as ta
-        graphs = None
         res["graph_programs"] = sweep_recaptured(llm, passes, {f"{v} per SM": [(ta, "GRAPH_PROGRAMS_PER_SM", int(v))]
                                                                for v in args.graph_programs.split(",")}, SPLITFUSE)
     if args.pdl:
-        graphs = None
         settings = {"PDL off": [(kernels, "PDL", False), (kernels, "FUSED", True)],
                     "PDL on, unfused": [(kernels, "PDL", True), (kernels, "FUSED", False)],
                     "PDL on": [(kernels, "PDL", True), (kernels, "FUSED", True)]}
         res["pdl"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
     if args.fused:
-        graphs = None
         settings = {"MLP unfused": [(kernels, "FUSED_MLP", False)], "MLP fused": [(kernels, "FUSED_MLP", True)]}
         res["fused"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
     if args.mixed_decode or args.overlap:
         from kernels import triton_attention as ta
-        graphs = None
         only_768 = (engine.cuda_graphs, "MIXED_BUCKETS", (768,))
         overlaps = (False, True) if args.overlap else (ta.OVERLAP_CHUNKS,)
         settings = {f"{v}{' overlapped' if o and args.overlap else ''}": [

@@ -71,7 +71,7 @@ def run_offline(a) -> dict:
     llm = LLM(a.model, **{**engine_kwargs(a), "max_num_seqs": a.max_num_seqs or 256})
     if not a.max_num_seqs:  # engine_gpu's rule on this card's KV cache; the server then gets the same number
         from benchmarks.engine_gpu import fits_seqs, workload
-        llm.engine.scheduler.max_num_seqs = fits_seqs(llm.engine, workload(1000))
+        llm.engine.set_max_num_seqs(fits_seqs(llm.engine, workload(1000)))
     params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
     warm = warmup(a)
     llm.generate([p for p, _ in warm], [params(o) for _, o in warm])

@@ -54,7 +54,8 @@ class PassRecord:
     """One engine step as it ran (``time.perf_counter`` seconds): entered, plan made, pass enqueued (inputs
     copied, graph replayed or kernels launched), sampled ids on the host (the one sync), applied by the scheduler,
     outputs built. ``path``: "decode-graph", "mixed-graph" or "eager"; ``ahead``: the pass was enqueued during the
-    step before. A profile's pass (``calibration.sweep``) spans ``start`` to ``updated``."""
+    step before. A profile's pass (``calibration.sweep``) spans ``start`` to ``updated``. ``device_s``: the pass's
+    device seconds (``LaunchedPass.device_s``) when traced with ``device_time`` on CUDA, else None."""
 
     start: float
     scheduled: float
@@ -66,6 +67,7 @@ class PassRecord:
     path: str
     ahead: bool
     num_outputs: int
+    device_s: float | None = None
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -151,7 +153,9 @@ class LLMEngine:
         self.pipeline_decodes = config.pipeline_decodes
         self._ahead: tuple[BatchPlan, list[int], LaunchedPass] | None = None  # the pass enqueued ahead
         self.pipeline_stats = {"enqueued": 0, "used": 0, "discarded": 0}
-        self._pass_observers: list[Callable[[PassRecord], None]] = []
+        self._pass_observers: list[tuple[Callable[[PassRecord], None], bool]] = []
+        self._timed = False  # an observer asked for device time
+        self._closed = False
 
     @property
     def block_size(self) -> int:
@@ -165,10 +169,39 @@ class LLMEngine:
         """Running and waiting requests, preemptions, passes and KV blocks, from the scheduler."""
         return self.scheduler.stats()
 
-    def trace_passes(self, callback: Callable[[PassRecord], None]) -> None:
+    def trace_passes(self, callback: Callable[[PassRecord], None], device_time: bool = False) -> Callable[[], None]:
         """Call ``callback`` with a ``PassRecord`` of every step that ran a pass (a pass-level trace; timing
-        benchmarks read it instead of wrapping the engine's parts)."""
-        self._pass_observers.append(callback)
+        benchmarks read it instead of wrapping the engine's parts); returns a function that ends this trace.
+        ``device_time``: fill the records' ``device_s`` (on CUDA: two events around each launch, passes enqueued
+        ahead too, and a wait for the pass's end event after its result)."""
+        entry = (callback, device_time)
+        self._pass_observers.append(entry)
+        self._timed = any(timed for _, timed in self._pass_observers)
+
+        def untrace() -> None:
+            self._pass_observers = [e for e in self._pass_observers if e is not entry]
+            self._timed = any(timed for _, timed in self._pass_observers)
+
+        return untrace
+
+    def set_max_num_seqs(self, max_num_seqs: int) -> None:
+        """Admit at most ``max_num_seqs`` running requests from now on (the scheduler's bound). ValueError unless
+        it is an integer from 1 to the ``max_num_seqs`` the engine was built with (its CUDA graphs and KV cache
+        were sized for that many)."""
+        built = self.config.policy.max_num_seqs
+        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or not 1 <= max_num_seqs <= built:
+            raise ValueError(f"max_num_seqs must be an integer from 1 to {built} (the engine's max_num_seqs), got "
+                             f"{max_num_seqs!r}")
+        self.scheduler.max_num_seqs = max_num_seqs
+
+    def close(self) -> None:
+        """Release the model, its KV cache and its CUDA graphs (their GPU memory returns to torch's allocator, and
+        to the card after ``torch.cuda.empty_cache()`` once nothing else holds it). ``step`` then raises
+        RuntimeError."""
+        self._closed = True
+        self._ahead = None
+        self.runner.close()
+        self.model = None
 
     # -- requests in -------------------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -230,6 +263,8 @@ class LLMEngine:
     # -- one forward pass --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule and run one pass; returns an output for every request that got a token or finished."""
+        if self._closed:
+            raise RuntimeError("this LLMEngine is closed (close() released its model and KV cache); make a new one")
         start = time.perf_counter()
         plan = self.scheduler.schedule(time.monotonic())
         launched = self._take_ahead(plan)
@@ -238,7 +273,7 @@ class LLMEngine:
         scheduled = time.perf_counter()
         ahead = launched is not None
         if launched is None:
-            launched = self.runner.launch(plan)
+            launched = self.runner.launch(plan, timed=self._timed)
         enqueued = time.perf_counter()
         if self.pipeline_decodes:
             self._enqueue_ahead(plan, launched)
@@ -249,8 +284,9 @@ class LLMEngine:
         outputs = self._outputs(plan, finished)
         if self._pass_observers:
             record = PassRecord(start, scheduled, enqueued, sampled_at, updated, time.perf_counter(),
-                                plan_features(plan), self.runner.path(plan), ahead, len(outputs))
-            for callback in self._pass_observers:
+                                plan_features(plan), self.runner.path(plan), ahead, len(outputs),
+                                launched.device_s() if self._timed else None)
+            for callback, _ in self._pass_observers:
                 callback(record)
         return outputs
 
@@ -290,7 +326,7 @@ class LLMEngine:
             return
         bs = self.block_size
         blocks = [r.block_table[p // bs] for r, p in zip(ahead.requests, ahead.start_positions)]
-        self._ahead = (ahead, blocks, self.runner.launch(ahead, ids_from=launched.greedy))
+        self._ahead = (ahead, blocks, self.runner.launch(ahead, ids_from=launched.greedy, timed=self._timed))
         self.pipeline_stats["enqueued"] += 1
 
     def _take_ahead(self, plan: BatchPlan | None) -> LaunchedPass | None:
@@ -321,7 +357,7 @@ class LLMEngine:
             ids = launched.result()
             return [ids[i] for i in rows]
 
-        return LaunchedPass(subset)
+        return LaunchedPass(subset, events=launched.events)
 
     def _output(self, entry: _Entry) -> RequestOutput:
         """The request after a pass in which it sampled exactly one new token."""

@@ -5,11 +5,14 @@ device in one copy (``engine.inputs.pack_inputs``). Decode-only passes and passe
 tokens replay CUDA graphs (``engine.cuda_graphs``); larger passes run eagerly (their GEMMs are long enough to
 hide the launches). Sampling stays on the device; reading the sampled ids is the one host sync of a pass. ``launch``
 enqueues a pass and returns before that sync, so the engine can enqueue the next decode pass first (its input
-ids read on the device from this pass's argmax; see ``LLMEngine``).
+ids read on the device from this pass's argmax; see ``LLMEngine``). ``launch(plan, use_graphs=False)`` runs a plan
+eagerly even where a graph fits it, and ``launch(plan, timed=True)`` records CUDA events around the launch (for
+``LaunchedPass.device_s``).
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +35,16 @@ class LaunchedPass:
 
     result: Callable[[], list[int]]
     greedy: torch.Tensor | None = None
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # around its launch, when timed
+
+    def device_s(self) -> float | None:
+        """Device seconds from the start of its launch to its end (GPU idle while the host enqueued it counts), or
+        None when it was not timed. Call it after ``result()``."""
+        if self.events is None:
+            return None
+        start, end = self.events
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
 
 class ModelRunner:
@@ -58,8 +71,7 @@ class ModelRunner:
         if use_cuda_graphs is None:
             use_cuda_graphs = self.device.type == "cuda"
         if use_cuda_graphs:
-            from engine.cuda_graphs import PassGraphs
-            self.graphs = PassGraphs(self, max_graph_batch, max_graph_tokens, capture=self.device.type == "cuda")
+            self.rebuild_graphs(max_graph_batch, max_graph_tokens)
 
     def to_device(self, buf: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """One host-to-device copy of a packed buffer, into ``out`` if given. On CUDA it is asynchronous, through a
@@ -105,12 +117,18 @@ class ModelRunner:
         return "eager" if key is None else f"{key[0]}-graph"
 
     @torch.inference_mode()
-    def launch(self, plan: BatchPlan, ids_from: torch.Tensor | None = None) -> LaunchedPass:
+    def launch(self, plan: BatchPlan, ids_from: torch.Tensor | None = None, use_graphs: bool = True,
+               timed: bool = False) -> LaunchedPass:
         """Enqueue one pass for the plan; ``result()`` of the returned pass gives one sampled token id per entry
         with ``samples`` set, in plan order. ``ids_from``: the input ids of a decode-graph pass, on the device
-        (the previous pass's ``greedy``) instead of the requests' last tokens."""
+        (the previous pass's ``greedy``) instead of the requests' last tokens. ``use_graphs=False``: an eager pass
+        even where a graph fits. ``timed``: on CUDA, record events around the launch (``LaunchedPass.device_s``)."""
+        events = None
+        if timed and self.device.type == "cuda":
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record()
         greedy = None
-        if self.uses_graph(plan):
+        if use_graphs and self.uses_graph(plan):
             logits, greedy = self.graphs.run_with_greedy(plan, ids_from)
         elif ids_from is not None:
             raise ValueError("ids_from needs a plan that runs a decode graph")
@@ -118,14 +136,37 @@ class ModelRunner:
             logits = self.execute_model(self.prepare_inputs(plan))
         sampling = [r for r, s in zip(plan.requests, plan.samples) if s]
         if not sampling:
-            return LaunchedPass(list)
-        if greedy is not None and self.sampler.takes_greedy(sampling):
-            return LaunchedPass(self._fetch(greedy), greedy)
-        return LaunchedPass(lambda: self._sample(logits, sampling, greedy))
+            launched = LaunchedPass(list)
+        elif greedy is not None and self.sampler.takes_greedy(sampling):
+            launched = LaunchedPass(self._fetch(greedy), greedy)
+        else:
+            launched = LaunchedPass(lambda: self._sample(logits, sampling, greedy))
+        if events is not None:
+            events[1].record()
+            launched.events = events
+        return launched
 
-    def run(self, plan: BatchPlan) -> list[int]:
-        """One pass for the plan, waited for: ``launch(plan).result()``."""
-        return self.launch(plan).result()
+    def run(self, plan: BatchPlan, use_graphs: bool = True) -> list[int]:
+        """One pass for the plan, waited for: ``launch(plan, use_graphs=use_graphs).result()``."""
+        return self.launch(plan, use_graphs=use_graphs).result()
+
+    def rebuild_graphs(self, max_batch: int, max_tokens: int = 0) -> None:
+        """Replace the pass graphs with ones for decode batches up to ``max_batch`` and passes of up to
+        ``max_tokens`` tokens (captured now on CUDA; elsewhere their buffers run eagerly). The old graphs are
+        released first, so one set is alive at a time. Not while a launched pass is pending."""
+        from engine.cuda_graphs import PassGraphs
+
+        if self.graphs is not None and self.device.type == "cuda":
+            self.graphs = None
+            gc.collect()
+            torch.cuda.empty_cache()
+        self.graphs = PassGraphs(self, max_batch, max_tokens, capture=self.device.type == "cuda")
+
+    def close(self) -> None:
+        """Drop the graphs, the KV cache and the model (their device memory goes back to torch's allocator)."""
+        self.graphs = self.model = self.kv_cache = self._staging = self._staged = None
+        self.kv_caches = []
+        self._sampled_host = []
 
     @torch.inference_mode()
     def _sample(self, logits: torch.Tensor, requests: list, greedy: torch.Tensor | None) -> list[int]:

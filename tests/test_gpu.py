@@ -331,3 +331,47 @@ def test_decode_passes_enqueued_ahead_match_plain_steps(llama7b):
     piped_plans, piped, stats = drive(True, abort=True)
     assert piped_plans == plain_plans and piped.keys() == plain.keys() and stats["used"] > 20
     assert sum(a == b for k in plain for a, b in zip(plain[k], piped[k])) >= 0.9 * sum(map(len, plain.values()))
+
+
+def test_pass_trace_times_every_pass_on_the_device(llama7b):
+    """``trace_passes(device_time=True)``: every traced pass has its GPU time, passes enqueued ahead too; the
+    trace ends when asked."""
+    from engine import SamplingParams
+
+    engine_ = llama7b.engine
+    records = []
+    untrace = engine_.trace_passes(records.append, device_time=True)
+    g = torch.Generator().manual_seed(3)
+    for n in (30, 200):
+        engine_.add_request(torch.randint(3, 32000, (n,), generator=g).tolist(),
+                            SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    while engine_.has_unfinished():
+        engine_.step()
+    untrace()
+    traced = len(records)
+    engine_.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    while engine_.has_unfinished():
+        engine_.step()
+    assert len(records) == traced and any(r.ahead for r in records)
+    assert all(0 < r.device_s < 1 for r in records), [r.device_s for r in records]
+
+
+def test_a_closed_engine_gives_its_memory_back():
+    import gc
+
+    from engine import LLMEngine, SamplingParams
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    engine_ = LLMEngine("tiny-llama", device="cuda", dtype="bfloat16", num_kv_blocks=256, max_num_seqs=8,
+                        token_budget=64)
+    engine_.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine_.step()
+    assert torch.cuda.memory_allocated() > before
+    engine_.close()
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated() - before < 1 << 20
+    with pytest.raises(RuntimeError, match="closed"):
+        engine_.step()

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.cuda_graphs import PassGraphs
 
 
 def make_engine(pipeline: bool, max_num_seqs: int = 6, scheduler: str = "splitfuse",
@@ -17,7 +16,7 @@ def make_engine(pipeline: bool, max_num_seqs: int = 6, scheduler: str = "splitfu
     engine = LLMEngine("tiny-llama", device="cpu", dtype="float32", token_budget=32, block_size=4,
                        num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs, pipeline_decodes=pipeline,
                        scheduler=scheduler)
-    engine.runner.graphs = PassGraphs(engine.runner, max_num_seqs, 32, capture=False)
+    engine.runner.rebuild_graphs(max_num_seqs, 32)
     return engine
 
 

@@ -29,7 +29,7 @@ def test_graph_paths_sample_like_eager_path(max_tokens):
                   max_num_seqs=6)
         engine, keys, tokens = llm.engine, [], {}
         if graphs:
-            engine.runner.graphs = PassGraphs(engine.runner, 6, max_tokens, capture=False)
+            engine.runner.rebuild_graphs(6, max_tokens)
             run_graph = engine.runner.graphs.run_with_greedy
             engine.runner.graphs.run_with_greedy = lambda plan, *a: keys.append(
                 (plan.num_tokens, engine.runner.graphs.key(plan))) or run_graph(plan, *a)
