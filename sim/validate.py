@@ -299,13 +299,24 @@ def steady_throughput(finish_times, concurrency: int) -> float:
     return float((len(finish) - 2 * concurrency) / (hi - lo))
 
 
+# Completions inside an overload run's steady window: enough that the measured rate, of which loads are shares,
+# moves by a few percent from one workload seed to the next (calibration/VALIDATION.md, eighth round).
+STEADY_COMPLETIONS = 200
+
+
+def overload_requests(num_requests: int, concurrency: int) -> int:
+    """Requests of an overload run: at least the cell's, three times the engines' concurrency (a batch to fill,
+    one to measure, one to drain) and enough for ``STEADY_COMPLETIONS`` between the first and last batch."""
+    return max(num_requests, 3 * concurrency, 2 * concurrency + STEADY_COMPLETIONS)
+
+
 def saturation_rate(server: Server | Fleet, cell: Cell, overload_rate: float, processes: int,
                     timeout: float) -> tuple[float, Measured]:
     """Requests/s the engines sustain on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it) of
-    three times as many requests as the engines hold at once, its ``steady_throughput``; and that run."""
+    ``overload_requests``, its ``steady_throughput``; and that run."""
     concurrency = engine_concurrency(cell, server.info)
     overload = dataclasses.replace(cell, load=None, clients=0, seed=cell.seed + 7919,
-                                   num_requests=max(cell.num_requests, 3 * concurrency))
+                                   num_requests=overload_requests(cell.num_requests, concurrency))
     measured = send_cell(server, overload, overload_rate, processes, timeout)
     return steady_throughput([r.chunk_times[-1] for r in measured.records], concurrency), measured
 

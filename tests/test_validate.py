@@ -18,11 +18,13 @@ from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures, make_balancer  # noqa: E402
 from sim.validate import (  # noqa: E402
+    STEADY_COMPLETIONS,
     Cell,
     Measured,
     cell_passes,
     load_measured,
     make_cells,
+    overload_requests,
     parse_mix,
     steady_throughput,
     trace_files,
@@ -224,6 +226,15 @@ def test_saturation_is_the_steady_rate_even_when_batches_finish_together():
     assert steady_throughput(continuous, 50) == pytest.approx(10, rel=0.05)
     with pytest.raises(ValueError, match="need 300"):
         steady_throughput(one_batch, 100)
+
+
+def test_an_overload_run_is_long_enough_to_measure_a_steady_rate():
+    """Three batches at least, and enough completions between the first and the last for a stable rate: 47 slots
+    (llama-2-13b's long mix on an H200) once got 150 requests, so 56 completions, and host-to-host rates 15% apart."""
+    assert overload_requests(150, 47) == 2 * 47 + STEADY_COMPLETIONS
+    assert overload_requests(150, 256) == 768
+    assert overload_requests(1000, 47) == 1000
+    assert overload_requests(10, 1) == 2 + STEADY_COMPLETIONS
 
 
 def test_requests_at_the_context_limit_ask_for_what_the_engine_gives(cpu_profile, tmp_path):
