@@ -86,11 +86,16 @@ def compare(results, reference: str = "server"):
                                            var_name="metric").dropna(subset=["value"])
     sim = long[long.source == "sim"].drop(columns="source").rename(columns={"value": "sim"})
     measured = long[long.source == reference][["_cell", "metric", "value"]].rename(columns={"value": "measured"})
-    out = sim.merge(measured, on=["_cell", "metric"]).drop(columns="_cell")
+    out = sim.merge(measured, on=["_cell", "metric"])
     m = out["measured"].to_numpy(dtype=float)
     out["rel_error"] = np.where(m > 0, out["sim"].to_numpy(dtype=float) / np.where(m > 0, m, 1) - 1, np.nan)
-    out.insert(len(keys), "cell", [cell_name(row) for _, row in out.iterrows()])
-    return out
+    names = [cell_name(row) for _, row in out.iterrows()]
+    if "seed" in out.columns:  # a grid of several workload seeds: its cells differ by their seed alone
+        shared = out.assign(_name=names).groupby(["grid", "_name"])["_cell"].transform("nunique") > 1
+        names = [f"{name} / seed {seed:g}" if several else name
+                 for name, seed, several in zip(names, out["seed"], shared)]
+    out.insert(len(keys), "cell", names)
+    return out.drop(columns="_cell")
 
 
 def cell_name(row) -> str:

@@ -38,6 +38,17 @@ def test_compare_gives_the_simulators_relative_error_per_cell_and_metric(tmp_pat
     assert compare(df, "client").set_index("metric").loc["ttft_p50", "rel_error"] == pytest.approx(0.11 / 0.12 - 1)
 
 
+def test_cells_that_differ_by_their_workload_seed_alone_are_named_with_it(tmp_path):
+    text = ("source,scheduler,mix,load,seed,ttft_mean\n"
+            "sim,splitfuse,long,0.5,3,0.11\nclient,splitfuse,long,0.5,3,0.10\n"
+            "sim,splitfuse,long,0.5,4,0.2\nclient,splitfuse,long,0.5,4,0.25\n"
+            "sim,splitfuse,long,0.9,3,0.3\nclient,splitfuse,long,0.9,3,0.3\n")
+    errors = compare(read_validation([write(tmp_path, text)]), "client").set_index("cell")
+    assert list(errors.index) == ["splitfuse / long / load 0.5 / seed 3", "splitfuse / long / load 0.5 / seed 4",
+                                  "splitfuse / long / load 0.9"]
+    assert errors["rel_error"].tolist() == pytest.approx([0.1, -0.2, 0.0])
+
+
 @pytest.mark.parametrize("text, message", [
     (HEADER + "sim,splitfuse,chat,0.5,0.1,4\n\nengine,splitfuse,chat,0.5,0.1,4\n", "line 4: source 'engine'"),
     (HEADER + "sim,splitfuse,chat,0.5,fast,4\n", "line 2: ttft_p50 = 'fast'"),
