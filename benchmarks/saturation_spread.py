@@ -2,7 +2,7 @@
 
 ``validate`` sets its loads as shares of an overload run's ``steady_throughput``. This replays such runs in the
 simulator on a shipped profile, as ``validate`` would send them (rate 3x the simulator's capacity estimate, the
-overload seed of each workload seed), at several run lengths, and prints the rate's mean and spread over the seeds.
+overload seed of each workload seed), at two run lengths, and prints the rate's mean and spread over the seeds.
 Writes ``saturation_spread_cpu.json`` to ``--out``.
 
     python -m benchmarks.saturation_spread                          # llama-2-7b and llama-2-13b on the H200
@@ -41,8 +41,7 @@ def spread(profile: str, mix: str, seeds: int) -> list[dict]:
         rates = []
         for seed in range(seeds):
             run = dataclasses.replace(cell, load=None, clients=0, seed=seed + 7919, num_requests=n)
-            result = simulate(run.workload(rate), ClusterConfig(served, 1, run.policy), seed=seed,
-                              workload_seed=run.seed)
+            result = simulate(run.workload(rate), config, seed=seed, workload_seed=run.seed)
             rates.append(steady_throughput(result.columns["finish"], concurrency))
         rates = np.array(rates)
         rows.append({"profile": profile, "mix": mix, "concurrency": concurrency, "run": label, "requests": n,
