@@ -217,11 +217,17 @@ def steady_decode(llm: LLMEngine, batch: int, pipelined: bool, prompt_len: int =
     rng = np.random.default_rng(SEED + batch)
     params = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True)  # none finishes in the timed steps
     ids = [llm.add_request(rng.integers(3, VOCAB, prompt_len).tolist(), params) for _ in range(batch)]
-    while llm.scheduler.waiting or any(r.num_output_tokens == 0 for r in llm.scheduler.running):
-        llm.step()
+    generated = dict.fromkeys(ids, 0)  # output tokens per request so far
+
+    def step() -> None:
+        for out in llm.step():
+            generated[out.request_id] += len(out.new_token_ids)
+
+    while min(generated.values()) == 0:  # until every request decodes
+        step()
     for _ in range(skip):
-        llm.step()
-    contexts = [r.num_tokens for r in llm.scheduler.running]
+        step()
+    contexts = [prompt_len + n for n in generated.values()]
     stats = dict(llm.pipeline_stats)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -303,12 +309,11 @@ def micro(llm: LLMEngine, ceil: dict, rng: np.random.Generator) -> dict:
         t.update(bytes=nbytes, floor_ms=nbytes / ceil["copy_Bps"] * 1e3)
         t["frac_roofline"] = t["floor_ms"] / t["gpu_ms"]
         # the step's GPU time alone: its graph replayed back to back, no host work between (pack, copy, sampling)
-        key = llm.runner.graphs.key(plan)
         llm.runner.run(plan)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(20):
-            llm.runner.graphs.graphs[key].replay()
+            llm.runner.replay_graph(plan)
         end.record()
         end.synchronize()
         t["replay_only_ms"] = start.elapsed_time(end) / 20
@@ -428,8 +433,7 @@ class Instrument:
         kv = self.llm.stats()
         used = kv.num_blocks - kv.num_free_blocks
         if used >= self.peak_used:
-            self.peak_used = used
-            self.peak_live = sum(r.num_computed_tokens for r in self.llm.scheduler.running)
+            self.peak_used, self.peak_live = used, kv.num_computed_tokens
 
     def stop(self) -> None:
         self.untrace()

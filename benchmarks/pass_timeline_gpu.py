@@ -20,8 +20,6 @@ import tempfile
 import numpy as np
 import torch
 
-import engine.cuda_graphs
-import engine.llm
 import kernels
 from benchmarks.common import run_metadata, write_results
 from benchmarks.engine_gpu import SEED, Passes, bench_engine, kernel_kind, random_kv, time_pass
@@ -66,22 +64,22 @@ def trace_pass(llm: LLMEngine, plan, use_graphs: bool = True) -> dict:
             "gemms": sorted({e["name"][:70] for e in kern if kernel_kind(e["name"]) == "gemm"})}
 
 
-def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, list[tuple[object, str, object]]],
-                     plans: dict[str, dict], max_batch: int = 0) -> dict:
+def sweep_recaptured(llm: LLMEngine, passes, settings: dict[str, dict], plans: dict[str, dict], max_batch: int = 0,
+                     mixed_buckets: tuple[int, ...] | None = None) -> dict:
     """Replay ms (median of 3 interleaved rounds of 5) of ``plans`` with the graphs recaptured under each setting
-    (``name: [(module, attribute, value), ...]``); the settings alternate within each round, so drift falls on
-    all. ``max_batch``: capture decode graphs only up to it (and mixed graphs of at most that many sequences)."""
+    (``name: {kernel option: value}``, ``kernels.KernelOptions``' names); the settings alternate within each round,
+    so drift falls on all. ``max_batch``: capture decode graphs only up to it (and mixed graphs of at most that many
+    sequences); ``mixed_buckets``: the mixed-pass buckets to capture (default: the engine's)."""
     runner = llm.runner
     max_batch, max_tokens = max_batch or runner.graphs.max_batch, runner.graphs.mixed_buckets[-1]
     built = {name: passes.plan(**kw) for name, kw in plans.items()}
     times = {s: {name: [] for name in built} for s in settings}
     for _ in range(3):
-        for setting, assignments in settings.items():
-            for module, attr, value in assignments:
-                setattr(module, attr, value)
-            runner.rebuild_graphs(max_batch, max_tokens)  # one set of graphs alive at a time
-            for name, plan in built.items():
-                times[setting][name].append(time_pass(llm, plan, repeats=5)["gpu_ms"])
+        for setting, changes in settings.items():
+            with kernels.use_kernel_options(**changes):
+                runner.rebuild_graphs(max_batch, max_tokens, mixed_buckets)  # one set of graphs alive at a time
+                for name, plan in built.items():
+                    times[setting][name].append(time_pass(llm, plan, repeats=5)["gpu_ms"])
     passes.release()
     out = {s: {name: float(np.median(t)) for name, t in per.items()} for s, per in times.items()}
     for s, per in out.items():
@@ -94,25 +92,26 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT"),
                     help="an existing folder, or the file to write (default: $OUT, else benchmarks/results/)")
     ap.add_argument("--graph-tokens", type=int, default=2048, help="largest pass graph (the engine's default: 1024)")
-    ap.add_argument("--graph-programs", default="", help="comma-separated GRAPH_PROGRAMS_PER_SM values: instead of "
+    ap.add_argument("--graph-programs", default="", help="comma-separated graph_programs_per_sm values: instead of "
                     "the timelines, recapture the graphs with each and time the SplitFuse passes of engine_gpu.py")
     ap.add_argument("--only", default="", help="trace only the plans whose name contains this")
     ap.add_argument("--pdl", action="store_true", help="instead of the timelines, recapture the graphs with and "
                     "without programmatic dependent launch (and the fused rotary + KV write) and time decode and "
                     "SplitFuse passes")
     ap.add_argument("--fused", action="store_true", help="instead of the timelines, recapture the graphs with and "
-                    "without the gate/up projection fused with its activation (kernels.FUSED_MLP) and time decode and "
-                    "SplitFuse passes")
+                    "without the gate/up projection fused with its activation (kernel option fused_mlp) and time "
+                    "decode and SplitFuse passes")
     ap.add_argument("--mixed-decode", default="", help="comma-separated BLOCK_N/warps/stages of the decode launch of "
                     "mixed batches: instead of the timelines, recapture the 768-token pass graphs with each and time "
                     "the SplitFuse passes")
     ap.add_argument("--overlap", default="", help="comma-separated BLOCK_N/warps/stages of the decode launch of "
                     "mixed batches: instead of the timelines, recapture the 768-token pass graphs with each, with the "
-                    "chunks' launch beside the decodes' (triton_attention.OVERLAP_CHUNKS) and after it, and time the "
-                    "SplitFuse passes")
+                    "chunks' launch beside the decodes' (kernel option overlap_chunks) and after it, and time "
+                    "the SplitFuse passes")
     args = ap.parse_args()
-    engine.llm.MAX_GRAPH_TOKENS = args.graph_tokens  # the engine has no option for it: an experiment's knob
     llm = bench_engine()
+    if args.graph_tokens != llm.runner.graphs.mixed_buckets[-1]:  # the engine's own graphs stop at 1,024 tokens
+        llm.runner.rebuild_graphs(llm.runner.graphs.max_batch, args.graph_tokens)
     random_kv(llm)
     passes = Passes(llm, np.random.default_rng(SEED))
     res = {"graph_tokens": args.graph_tokens, "mixed_buckets": llm.runner.graphs.mixed_buckets, "plans": {}}
@@ -133,26 +132,23 @@ def main() -> None:
         res["plans"][name] = row
         print(name, json.dumps(row, default=str), flush=True)
     if args.graph_programs:
-        from kernels import triton_attention as ta
-        res["graph_programs"] = sweep_recaptured(llm, passes, {f"{v} per SM": [(ta, "GRAPH_PROGRAMS_PER_SM", int(v))]
+        res["graph_programs"] = sweep_recaptured(llm, passes, {f"{v} per SM": {"graph_programs_per_sm": int(v)}
                                                                for v in args.graph_programs.split(",")}, SPLITFUSE)
     if args.pdl:
-        settings = {"PDL off": [(kernels, "PDL", False), (kernels, "FUSED", True)],
-                    "PDL on, unfused": [(kernels, "PDL", True), (kernels, "FUSED", False)],
-                    "PDL on": [(kernels, "PDL", True), (kernels, "FUSED", True)]}
+        settings = {"PDL off": {"pdl": False, "fused_rotary": True},
+                    "PDL on, unfused": {"pdl": True, "fused_rotary": False},
+                    "PDL on": {"pdl": True, "fused_rotary": True}}
         res["pdl"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
     if args.fused:
-        settings = {"MLP unfused": [(kernels, "FUSED_MLP", False)], "MLP fused": [(kernels, "FUSED_MLP", True)]}
+        settings = {"MLP unfused": {"fused_mlp": False}, "MLP fused": {"fused_mlp": True}}
         res["fused"] = sweep_recaptured(llm, passes, settings, {**DECODES, **SPLITFUSE})
     if args.mixed_decode or args.overlap:
-        from kernels import triton_attention as ta
-        only_768 = (engine.cuda_graphs, "MIXED_BUCKETS", (768,))
-        overlaps = (False, True) if args.overlap else (ta.OVERLAP_CHUNKS,)
-        settings = {f"{v}{' overlapped' if o and args.overlap else ''}": [
-            (ta, "MIXED_DECODE", tuple(map(int, v.split("/")))), (ta, "OVERLAP_CHUNKS", o), only_768]
+        overlaps = (False, True) if args.overlap else (kernels.kernel_options().overlap_chunks,)
+        settings = {f"{v}{' overlapped' if o and args.overlap else ''}": {
+            "mixed_decode": tuple(map(int, v.split("/"))), "overlap_chunks": o}
             for v in (args.overlap or args.mixed_decode).split(",") for o in overlaps}
         res["overlap" if args.overlap else "mixed_decode"] = sweep_recaptured(llm, passes, settings, SPLITFUSE,
-                                                                              max_batch=80)
+                                                                              max_batch=80, mixed_buckets=(768,))
     swept = [key for key in ("graph_programs", "pdl", "fused", "mixed_decode", "overlap") if key in res]
     path = write_results(args.out, "_".join(["pass_timeline", *swept]), res)
     print(f"wrote {path}")

@@ -38,11 +38,12 @@ def bucket_sizes(max_size: int, buckets=DECODE_BUCKETS) -> list[int]:
 
 
 class PassGraphs:
-    def __init__(self, runner, max_batch: int, max_tokens: int = 0, capture: bool = True):
+    def __init__(self, runner, max_batch: int, max_tokens: int = 0, capture: bool = True,
+                 mixed_buckets: tuple[int, ...] = MIXED_BUCKETS):
         self.runner = runner
         self.max_batch = max_batch
         self.buckets = bucket_sizes(max_batch)
-        self.mixed_buckets = bucket_sizes(max_tokens, MIXED_BUCKETS) if max_tokens > 1 else []
+        self.mixed_buckets = bucket_sizes(max_tokens, mixed_buckets) if max_tokens > 1 else []
         self.width = runner.max_blocks
         self.capture = capture
         self.layouts = {("decode", b): Layout(b, b, self.width, 0) for b in self.buckets}
@@ -104,6 +105,15 @@ class PassGraphs:
             pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize(self.runner.device)
+
+    def replay(self, plan: BatchPlan) -> None:
+        """Replay the graph of ``plan``'s bucket on the inputs it last ran with: no packing, no copy, no
+        sampling (its GPU work alone, to time). ValueError when no captured graph runs the plan."""
+        key = self.key(plan)
+        if key is None or key not in self.graphs:
+            raise ValueError(f"no captured graph runs a pass of {plan.num_tokens} tokens over {plan.num_seqs} "
+                             f"sequences")
+        self.graphs[key].replay()
 
     @torch.inference_mode()
     def run(self, plan: BatchPlan) -> torch.Tensor:

@@ -150,17 +150,27 @@ class ModelRunner:
         """One pass for the plan, waited for: ``launch(plan, use_graphs=use_graphs).result()``."""
         return self.launch(plan, use_graphs=use_graphs).result()
 
-    def rebuild_graphs(self, max_batch: int, max_tokens: int = 0) -> None:
+    def rebuild_graphs(self, max_batch: int, max_tokens: int = 0, mixed_buckets: tuple[int, ...] | None = None
+                       ) -> None:
         """Replace the pass graphs with ones for decode batches up to ``max_batch`` and passes of up to
-        ``max_tokens`` tokens (captured now on CUDA; elsewhere their buffers run eagerly). The old graphs are
-        released first, so one set is alive at a time. Not while a launched pass is pending."""
-        from engine.cuda_graphs import PassGraphs
+        ``max_tokens`` tokens (captured now on CUDA, with the kernel options in force; elsewhere their buffers run
+        eagerly). ``mixed_buckets``: the mixed-pass token buckets below ``max_tokens`` (default: the engine's).
+        The old graphs are released first, so one set is alive at a time. Not while a launched pass is pending."""
+        from engine.cuda_graphs import MIXED_BUCKETS, PassGraphs
 
         if self.graphs is not None and self.device.type == "cuda":
             self.graphs = None
             gc.collect()
             torch.cuda.empty_cache()
-        self.graphs = PassGraphs(self, max_batch, max_tokens, capture=self.device.type == "cuda")
+        self.graphs = PassGraphs(self, max_batch, max_tokens, capture=self.device.type == "cuda",
+                                 mixed_buckets=MIXED_BUCKETS if mixed_buckets is None else tuple(mixed_buckets))
+
+    def replay_graph(self, plan: BatchPlan) -> None:
+        """Replay the CUDA graph that ran ``plan`` (``run(plan)`` first): its GPU work alone, no host work
+        (``PassGraphs.replay``). ValueError without graphs or when none runs the plan."""
+        if self.graphs is None:
+            raise ValueError("this runner has no pass graphs")
+        self.graphs.replay(plan)
 
     def close(self) -> None:
         """Drop the graphs, the KV cache and the model (their device memory goes back to torch's allocator)."""

@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import os
 
 import torch
 
 from kernels import reference
+from kernels.options import KernelOptions, kernel_options, use_kernel_options
+
+__all__ = ["KernelOptions", "kernel_options", "use_kernel_options"]
 
 
 @functools.cache
@@ -83,7 +85,7 @@ def rotary_embedding_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                                   slot_mapping: torch.Tensor) -> torch.Tensor:
     """``rotary_embedding`` of q and k, then ``write_kv`` of the rotated k and v; returns the rotated q. One
     Triton kernel on CUDA (one launch fewer per layer)."""
-    impl = _impl("triton_rotary", q) if FUSED else reference
+    impl = _impl("triton_rotary", q) if kernel_options().fused_rotary else reference
     if impl is reference:
         q, k = rotary_embedding(q, k, positions, cos_sin_cache)
         write_kv(k, v, k_cache, v_cache, slot_mapping)
@@ -99,12 +101,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 _GRAPH_KERNELS = False
-# SPLITFUSE_PDL=0 turns programmatic dependent launch off (to measure what it buys).
-PDL = os.environ.get("SPLITFUSE_PDL", "1") != "0"
-# False: ``rotary_embedding_and_write_kv`` (FUSED) and ``linear_silu_and_mul`` (FUSED_MLP) run as their two kernels
-# (to measure what fusing buys).
-FUSED = True
-FUSED_MLP = True
 
 
 @functools.cache
@@ -114,8 +110,9 @@ def _pdl_capable(device_index: int) -> bool:
 
 def _pdl(x: torch.Tensor) -> bool:
     """Whether a Triton kernel on ``x``'s device launches with PDL: inside ``graph_kernels()`` on Hopper or later."""
-    return _GRAPH_KERNELS and PDL and x.is_cuda and _pdl_capable(x.device.index if x.device.index is not None
-                                                                 else torch.cuda.current_device())
+    if not (_GRAPH_KERNELS and kernel_options().pdl and x.is_cuda):
+        return False
+    return _pdl_capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 @contextlib.contextmanager
@@ -126,7 +123,7 @@ def graph_kernels():
       its gated form (outside: cuBLAS, then ``silu_and_mul``). Eager passes stay on cuBLAS: their LM head over a
       few sampled rows would meet new kernel specializations mid-run, each a JIT stall far longer than the gain.
     - ``paged_attention`` of a mixed batch strides over a work list with a bounded grid (outside: one program per
-      tile), so a graph bucket's padding sequences cost no programs (``triton_attention.GRAPH_PROGRAMS_PER_SM``).
+      tile), so a graph bucket's padding sequences cost no programs (``KernelOptions.graph_programs_per_sm``).
     - on Hopper and later the Triton kernels launch with PDL (``triton_pdl``): in a replayed graph each kernel
       launches while the one before it drains, and the few-row linear kernel loads its first weight tile then."""
     global _GRAPH_KERNELS
@@ -146,7 +143,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """See ``reference.linear_silu_and_mul``: within ``graph_kernels`` one Triton kernel for few rows; else the
     product, then ``silu_and_mul``."""
-    impl = _impl("triton_linear", x) if _GRAPH_KERNELS and FUSED_MLP else None
+    impl = _impl("triton_linear", x) if _GRAPH_KERNELS and kernel_options().fused_mlp else None
     if impl is None or impl is reference:
         return silu_and_mul(linear(x, weight, bias))
     return impl.linear_silu_and_mul(x, weight, bias, **_launch(impl, x))

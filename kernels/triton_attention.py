@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.options import kernel_options
 from kernels.triton_pdl import launch_kwargs, launch_next, wait_for_previous, wait_only
 
 _LOG2E = 1.4426950408889634
@@ -314,7 +315,7 @@ class AttentionConfig:
     ``strided_per_sm`` > 0: at most that many programs per SM, striding over a work list of the batch's tiles;
     0: one program per tile. ``min_split_tiles``: the fewest KV tiles a split takes, so a short context fills fewer
     than ``num_splits`` (above 1: decode-only batches). ``overlap``: with PDL, the launch runs beside the launch
-    before it, which must be this pass's attention over the other rows (see ``OVERLAP_CHUNKS``)."""
+    before it, which must be this pass's attention over the other rows (see ``KernelOptions.overlap_chunks``)."""
 
     block_m: int
     block_n: int
@@ -355,7 +356,7 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     one or few tiles per program (nothing to pipeline), 2 stages otherwise. A batch with prompt chunks is two
     launches, decodes then the rest, faster than one launch with the chunks' larger tiles; ``strided`` (for CUDA
     graphs), each of the two strides over a work list of its tiles with a bounded grid (see
-    ``GRAPH_PROGRAMS_PER_SM``).
+    ``KernelOptions.graph_programs_per_sm``).
     """
     num_tokens, num_heads, _ = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -365,12 +366,13 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
     if num_tokens > num_seqs:
         chunk = CHUNK_CONFIG if group <= CHUNK_CONFIG.block_m else AttentionConfig(
             triton.next_power_of_2(group), 64, 4, 3, qlen_filter=2)
-        block_n, warps, stages = MIXED_DECODE
+        options = kernel_options()
+        block_n, warps, stages = options.mixed_decode
         block_n = min(block_n, 16384 // triton.next_power_of_2(q.shape[2]))  # K and V tiles fit shared memory
         launches = [AttentionConfig(decode_m, block_n, warps, stages, qlen_filter=1),
-                    dataclasses.replace(chunk, overlap=OVERLAP_CHUNKS)]
+                    dataclasses.replace(chunk, overlap=options.overlap_chunks)]
         if strided:
-            return [dataclasses.replace(c, strided_per_sm=GRAPH_PROGRAMS_PER_SM) for c in launches]
+            return [dataclasses.replace(c, strided_per_sm=options.graph_programs_per_sm) for c in launches]
         return launches
     block_n = 64
     programs = num_seqs * num_kv_heads
@@ -391,27 +393,10 @@ def default_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.T
 # no better than 2 (kernels_gpu.py --sweep-long; benchmarks/RESULTS.md, design decisions).
 LONG_SPLIT_MIN_TILES = 16
 
-# The decode rows of a batch with prompt chunks, their own launch: BLOCK_N, warps, stages, the fastest of whole
-# 768-token pass graphs recaptured per setting (pass_timeline_gpu.py --mixed-decode; benchmarks/RESULTS.md, design
-# decisions).
-MIXED_DECODE = (128, 4, 2)
-
-# The chunks' launch of a mixed batch runs beside its decodes' launch (with PDL, in the graphs): compute-bound tiles
-# start as the memory-bound decode tiles drain (pass_timeline_gpu.py --overlap; benchmarks/RESULTS.md, design
-# decisions).
-OVERLAP_CHUNKS = True
-
 # Prompt chunks: 64 x 64 tiles, 4 warps, 3 stages beat every larger tile of a sweep (prefill_attention_gpu.py;
 # benchmarks/RESULTS.md, design decisions).
 CHUNK_CONFIG = AttentionConfig(64, 64, 4, 3, qlen_filter=2)
 
-
-# Mixed batches captured in a CUDA graph launch at most this many programs per SM in each of their two launches,
-# striding over a work list of their tiles: ~4 waves at the 2 programs per SM that a 64 x 128 bf16 tile pipeline
-# leaves room for. A graph's grid is sized for its bucket, whose padding sequences (256 in a large bucket) would
-# otherwise each take a program per KV head. Eager launches keep one program per tile (their grid is tight, and the
-# strided code is slower per tile; benchmarks/RESULTS.md, design decisions).
-GRAPH_PROGRAMS_PER_SM = 8
 # The per-sequence tile counts of a strided launch are one vector of at least this many lanes: one compiled
 # variant for every batch of up to 256 sequences.
 MIN_BLOCK_S = 256

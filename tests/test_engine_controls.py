@@ -80,3 +80,30 @@ def test_a_closed_engine_refuses_to_step():
     assert engine.model is None and engine.runner.model is None and engine.runner.kv_cache is None
     with pytest.raises(RuntimeError, match="closed"):
         engine.step()
+
+
+def test_graphs_rebuild_with_given_mixed_buckets_and_replay_only_a_captured_graph():
+    engine = make_engine()
+    runner = engine.runner
+    engine.add_request([3, 4, 5, 6, 7], GREEDY)
+    plan = engine.scheduler.schedule()
+    with pytest.raises(ValueError, match="no pass graphs"):
+        runner.replay_graph(plan)
+    runner.rebuild_graphs(6, 32, mixed_buckets=(8, 24))
+    assert runner.graphs.mixed_buckets == [8, 24, 32]
+    runner.rebuild_graphs(6, 32)
+    assert runner.graphs.mixed_buckets == [16, 32]  # the engine's buckets below 32
+    runner.run(plan)
+    with pytest.raises(ValueError, match="no captured graph runs a pass of 5 tokens"):  # off CUDA none is captured
+        runner.replay_graph(plan)
+
+
+def test_stats_count_the_tokens_whose_kv_is_cached():
+    engine = make_engine()
+    engine.add_request([3, 4, 5, 6, 7], GREEDY)
+    engine.add_request(list(range(10, 50)), GREEDY)  # 40 tokens: a 27-token chunk fits the 32-token budget first
+    assert engine.stats().num_computed_tokens == 0
+    engine.step()
+    assert engine.stats().num_computed_tokens == 32
+    engine.step()  # the rest of the long prompt, a decode of the short one
+    assert engine.stats().num_computed_tokens == 46

@@ -201,6 +201,28 @@ def test_decode_split_rule(tk, monkeypatch):
     assert all(c.num_splits == 1 for c in config(5, 4096, tokens=20))
 
 
+def test_mixed_launches_follow_the_kernel_options(tk):
+    """A mixed batch's two launches take their decode tile, overlap and programs per SM from the kernel options in
+    force, and go back to the defaults after."""
+    import kernels
+    ta = tk["triton_attention"]
+    kc = torch.empty(4, 16, 2, 64)
+
+    def launches():  # 5 sequences, 20 tokens: a mixed batch, as in a graph
+        return ta.default_config(torch.empty(20, 4, 64), kc, torch.empty(5, 64, dtype=torch.int32),
+                                 torch.empty(5, dtype=torch.int32), strided=True)
+
+    default, options = launches(), kernels.kernel_options()
+    assert (default[0].block_n, default[0].num_warps, default[0].num_stages) == options.mixed_decode
+    assert default[1].overlap == options.overlap_chunks
+    assert {c.strided_per_sm for c in default} == {options.graph_programs_per_sm}
+    with kernels.use_kernel_options(mixed_decode=(64, 8, 3), overlap_chunks=False, graph_programs_per_sm=3):
+        decodes, chunks = launches()
+    assert (decodes.block_n, decodes.num_warps, decodes.num_stages) == (64, 8, 3) and not chunks.overlap
+    assert {decodes.strided_per_sm, chunks.strided_per_sm} == {3}
+    assert launches() == default
+
+
 def test_min_split_tiles_needs_decodes(tk):
     ta = tk["triton_attention"]
     args = _batch([3, 1], [40, 70], 4, 2, 64, 16, torch.float32)
@@ -235,7 +257,7 @@ def test_chunk_launch_beside_the_decode_launch(tk, poison, monkeypatch):
     args = _batch(q_lens, ctxs, 4, 2, 64, 16, torch.float32)
     expect = ref.paged_attention(*args, 0.125)
     configs = ta.default_config(args[0], args[1], args[3], args[4], strided=True)
-    assert [c.overlap for c in configs] == [False, ta.OVERLAP_CHUNKS]
+    assert [c.overlap for c in configs] == [False, ta.kernel_options().overlap_chunks]
     out = None
     for cfg in configs:
         cfg = ta.dataclasses.replace(cfg, block_m=16, block_n=32, strided_per_sm=2, overlap=cfg.qlen_filter == 2)
@@ -325,8 +347,8 @@ def test_rotary_embedding_and_write_kv(tk, poison, dtype, heads, kv_heads, head_
     assert _rel_err(k_cache, k_expect) < _TOL[dtype] and torch.equal(v_cache, v_expect)
 
 
-def test_rotary_embedding_and_write_kv_dispatch(monkeypatch):
-    """On the CPU, and with ``kernels.FUSED`` off, the two references run in turn."""
+def test_rotary_embedding_and_write_kv_dispatch():
+    """On the CPU, and with the kernel option ``fused_rotary`` off, the two references run in turn."""
     import kernels
     q, k, v = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
     cos_sin, positions, slots = torch.randn(10, 8), torch.tensor([1, 5, 9]), torch.tensor([0, -1, 6])
@@ -334,10 +356,10 @@ def test_rotary_embedding_and_write_kv_dispatch(monkeypatch):
     q_expect, k_rot = ref.rotary_embedding(q, k, positions, cos_sin)
     ref.write_kv(k_rot, v, caches[0], caches[1], slots)
     for fused in (True, False):
-        monkeypatch.setattr(kernels, "FUSED", fused)
-        kc, vc = (c.zero_() for c in caches[2:])
-        assert torch.equal(kernels.rotary_embedding_and_write_kv(q, k, v, positions, cos_sin, kc, vc, slots),
-                           q_expect)
+        with kernels.use_kernel_options(fused_rotary=fused):
+            kc, vc = (c.zero_() for c in caches[2:])
+            assert torch.equal(kernels.rotary_embedding_and_write_kv(q, k, v, positions, cos_sin, kc, vc, slots),
+                               q_expect)
         assert torch.equal(kc, caches[0]) and torch.equal(vc, caches[1])
 
 
@@ -460,8 +482,9 @@ def test_pdl_only_within_graph_kernels_on_hopper(monkeypatch):
         capable[0] = False
         assert not kernels._pdl(cuda)
         capable[0] = True
-        monkeypatch.setattr(kernels, "PDL", False)
-        assert not kernels._pdl(cuda)
+        with kernels.use_kernel_options(pdl=False):
+            assert not kernels._pdl(cuda)
+        assert kernels._pdl(cuda)
 
 
 def test_dispatch_uses_reference_off_cuda():

@@ -38,6 +38,7 @@ class SchedulerStats:
     num_blocks: int
     num_free_blocks: int
     block_size: int
+    num_computed_tokens: int = 0  # tokens of the running requests whose KV is in the cache
 
     @property
     def kv_usage(self) -> float:
@@ -133,7 +134,8 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         bm = self.block_manager
         return SchedulerStats(len(self.running), len(self.waiting), self.num_preemptions, self.num_passes,
-                              bm.num_blocks, bm.num_free_blocks, bm.block_size)
+                              bm.num_blocks, bm.num_free_blocks, bm.block_size,
+                              sum(r.num_computed_tokens for r in self.running))
 
     # -- building a pass -----------------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
