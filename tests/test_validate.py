@@ -3,7 +3,9 @@ pass trace), the bench client in two processes, and the simulator on a profile s
 
 from __future__ import annotations
 
+import datetime
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -302,3 +304,41 @@ def test_the_simulators_spread_over_seeds_is_written_beside_its_answer(run, tmp_
     assert ((spread["min"] <= spread["mean"]) & (spread["mean"] <= spread["max"])).all()
     assert (spread[spread.metric == "ttft_mean"]["std"] > 0).all()  # admission draws differ by seed
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "validation.csv"), pd.read_csv(out / "validation.csv"))
+
+
+def _clock_log(path: Path, spans: list[tuple[float, float, int]]) -> None:
+    """An nvidia-smi clock log (``benchmarks.clock_bias``'s format) sampling every 50 ms over each (start, end,
+    MHz) span of the run's perf_counter clock."""
+    wall0 = 1.8e9
+    lines = [f"anchor {wall0} 0.0"]
+    for start, end, mhz in spans:
+        for t in np.arange(start, end, 0.05):
+            stamp = datetime.datetime.fromtimestamp(wall0 + t, datetime.timezone.utc).strftime("%Y/%m/%d %H:%M:%S.%f")
+            lines.append(f"{stamp[:-3]}, 0, {mhz}, 3201, 650.0, 60, 0x0000000000000004")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_clock_bias_weighs_each_cells_lowered_clock_against_the_calibration_runs(cpu_profile, run, tmp_path):
+    """A card at full clock through the warm-up and overload runs and lowered through every cell: each cell is off
+    by its path's slowdown at a lowered clock (CPU passes are all eager); at full clock throughout, by nothing."""
+    from benchmarks.clock_bias import clock_bias
+
+    out, _ = run
+    profile = load_profile(cpu_profile)
+    _, calibration, _ = load_measured(out, "calibration")
+    _, cells, _ = load_measured(out, "cell")
+    spans = [(*m.window, 1980) for _, m, _ in calibration]
+    spans += [(*m.window, 1700) for _, m, _ in cells]
+    _clock_log(tmp_path / "clocks.csv", sorted(spans))
+    slowdown, table = clock_bias(out, tmp_path / "clocks.csv", profile)
+    assert slowdown["eager"] != 0 and len(table) == len(cells)
+    assert (table["calibration eager lowered_%"] == 0).all()
+    assert table["eager lowered_%"].to_numpy() == pytest.approx(100)
+    assert table["eager time_%"].to_numpy() == pytest.approx(100)
+    assert table["bias_%"].to_numpy() == pytest.approx(100 * slowdown["eager"])
+    _clock_log(tmp_path / "full.csv", [(min(s for s, _, _ in spans), max(e for _, e, _ in spans), 1980)])
+    slowdown, table = clock_bias(out, tmp_path / "full.csv", profile)
+    assert slowdown["eager"] == 0 and (table["bias_%"] == 0).all() and (table["eager lowered_%"] == 0).all()
+    (tmp_path / "bad.csv").write_text("2026/11/27 10:27:55.749, 0, 345\n")
+    with pytest.raises(ValueError, match="anchor"):
+        clock_bias(out, tmp_path / "bad.csv", profile)
