@@ -18,17 +18,41 @@ MAX_NOISE_SAMPLES = 2001
 
 
 def split_points(points: Sequence[Mapping], heldout_frac: float = 0.2, seed: int = 0) -> list[str]:
-    """'train' or 'heldout' for each point: ``heldout_frac`` of each sweep kind, chosen at random."""
+    """'train' or 'heldout' for each point: ``heldout_frac`` of each sweep kind, chosen at random. The decode
+    table fits a line per batch size, so a size's shortest and longest context stay in training (held out, one of
+    them left that size's line to extrapolate); a drawn one is swapped for another point of the kind, drawn from a
+    second generator so that the other kinds' draws stay as they were."""
     rng = np.random.default_rng(seed)
     labels = ["train"] * len(points)
     kinds: dict[str, list[int]] = {}
     for i, p in enumerate(points):
         kinds.setdefault(p.get("sweep", "all"), []).append(i)
+    kept = table_extremes(points)
+    swap = np.random.default_rng([seed, 1])
     for idx in kinds.values():
         k = int(round(heldout_frac * len(idx)))
-        for i in rng.choice(idx, size=k, replace=False):
-            labels[int(i)] = "heldout"
+        drawn = [int(i) for i in rng.choice(idx, size=k, replace=False)]
+        free = [i for i in idx if i not in kept and i not in drawn]
+        for j, i in enumerate(drawn):
+            if i in kept and free:
+                drawn[j] = free.pop(int(swap.integers(len(free))))
+        for i in drawn:
+            if i not in kept:
+                labels[i] = "heldout"
     return labels
+
+
+def table_extremes(points: Sequence[Mapping]) -> set[int]:
+    """Indices of the decode-table points with the shortest and the longest context of their batch size."""
+    sizes: dict[int, list[int]] = {}
+    for i, p in enumerate(points):
+        if p.get("sweep") == "decode-table":
+            sizes.setdefault(int(p["num_seqs"]), []).append(i)
+    kept = set()
+    for idx in sizes.values():
+        kept.add(min(idx, key=lambda i: points[i]["decode_context"]))
+        kept.add(max(idx, key=lambda i: points[i]["decode_context"]))
+    return kept
 
 
 def columns(points: Sequence[Mapping], names: Sequence[str]) -> dict[str, np.ndarray]:
