@@ -31,7 +31,8 @@ def set_knot(d, value):
     (lambda d: set_knot(d, 500.0), "strictly increasing"),
     (lambda d: d["cost_model"]["graph"]["knots"].__setitem__(0, -2.0), "positive token counts"),
     (lambda d: d["cost_model"]["eager"]["coef"].update(decode_context=-1e-6), "decode_context is -1e-06.*>= 0"),
-    (lambda d: d["cost_model"]["graph"]["floor"].update(floor=-0.1), r"graph\.floor\.floor is -0\.1"),
+    (lambda d: d["cost_model"]["graph"].update(floor={"floor": -0.1, "floor_seqs": 0.0, "floor_tokens": 0.0}),
+     r"graph\.floor\.floor is -0\.1"),  # whether or not the shipped fit chose a floor
     (lambda d: d["cost_model"]["graph"]["coef"].update(intercept=-1.0), r"intercept is -1\.0.*>= 0"),
     (lambda d: d["cost_model"].update(eager={**d["cost_model"]["eager"], "floor": None,
                                              "coef": {**d["cost_model"]["eager"]["coef"], "num_seqs": -1.0}}),
