@@ -104,6 +104,9 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--check", "check_path", metavar="FILE|NAME", help="Print a profile's held-out error and KV capacity.")
 @click.option("--from-points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Refit a saved points file (from an earlier sweep) into --out, without a GPU.")
+@click.option("--refit", "refit_path", metavar="FILE|NAME",
+              help="Fit a profile again from its own points with this code into --out, keeping its meta, serving and "
+                   "energy sections (after a change to the fitting; no GPU).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="With --check: also write the profile's figures here (one offline HTML file; a PNG per figure "
                    "where kaleido finds a Chrome or Chromium).")
@@ -126,9 +129,10 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
                    "(calibration/README.md).")
 @click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, rounds, max_points, device, block_size,
-            gpu_memory_utilization, seed, energy_seconds, kv_layout, mixed_per_bucket, no_fit, no_progress):
-    """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points), or --check FILE."""
+def profile(model, dtype, out, check_path, from_points, refit_path, plot_dir, time_budget, rounds, max_points, device,
+            block_size, gpu_memory_utilization, seed, energy_seconds, kv_layout, mixed_per_bucket, no_fit, no_progress):
+    """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points) or a profile
+    (--refit), or --check FILE."""
     from calibration.profile import load_profile
 
     if check_path:
@@ -149,6 +153,19 @@ def profile(model, dtype, out, check_path, from_points, plot_dir, time_budget, r
         raise click.UsageError("--plot goes with --check")
     if out is None:
         raise click.UsageError("--out FILE is required (or use --check FILE)")
+    if refit_path:
+        if model or from_points:
+            raise click.UsageError("--refit takes only a profile and --out; drop --model/--from-points")
+        from calibration.fitting import refit
+
+        try:
+            prof = refit(load_profile(refit_path))
+            prof.save(out)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(check_report(prof))
+        click.echo(f"wrote {out}")
+        return
     if from_points:
         if model:
             raise click.UsageError("--from-points refits saved points; drop --model")

@@ -173,6 +173,22 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
                    noise=noise_ratios(points, target=target), fit=fit, energy=energy_from_points(train, held, meta))
 
 
+def refit(profile: Profile) -> Profile:
+    """``profile`` fitted again from its own points with this code (its split seed, held-out share and target),
+    keeping what the points do not hold: meta, serving and energy sections. A serving section was fitted against
+    the old cost model; ``splitfuse validate --from ... --fit-serving`` refits it from the runs it names."""
+    if len(profile.points) < 10:
+        raise ValueError(f"{profile.source or 'the profile'} holds {len(profile.points)} points: nothing to refit")
+    fit = profile.fit
+    points = [{k: v for k, v in p.items() if k != "split"} for p in profile.points]
+    fresh = build_profile(points, profile.meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len,
+                          heldout_frac=fit.get("heldout_frac", 0.2), seed=fit.get("seed", 0),
+                          target=fit.get("target", TARGET))
+    return Profile(profile.meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len, fresh.model,
+                   points=fresh.points, noise=fresh.noise, fit=fresh.fit, serving=profile.serving,
+                   energy=profile.energy)
+
+
 def energy_from_points(train: Sequence[Mapping], held: Sequence[Mapping], meta: Mapping) -> EnergyModel | None:
     """The energy model fitted on the training points that carry joules (``calibration.sweep.pass_energy``),
     with its error on the held-out ones; None where the sweep measured no energy (no NVML) or too few points."""

@@ -57,3 +57,31 @@ def test_every_shipped_profile_passes_the_checks():
     from calibration.profile import shipped_profiles
 
     assert all(load_profile(name).num_kv_blocks > 0 for name in shipped_profiles())
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b-h200", "llama-2-7b-h100", "llama-2-13b-h200", "llama-3-8b-h200",
+                                  "mistral-7b-h200"])
+def test_a_shipped_profile_is_what_its_points_fit_to(tmp_path, name):
+    """``splitfuse profile --refit`` gives the shipped file back: its model, split and held-out figures come from
+    its points under this code, and its serving and energy sections are kept."""
+    from calibration.cli import profile as profile_cmd
+
+    shipped = resolve(name)
+    out = tmp_path / "refit.json"
+    result = CliRunner().invoke(profile_cmd, ["--refit", str(shipped), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text()) == json.loads(shipped.read_text())
+    result = CliRunner().invoke(profile_cmd, ["--refit", str(shipped), "--model", "tiny-llama", "--out", str(out)])
+    assert result.exit_code == 2 and "--refit takes only a profile" in result.output
+
+
+def test_a_profile_without_points_cannot_be_refitted(tmp_path):
+    from calibration.cli import profile as profile_cmd
+
+    d = json.loads(json.dumps(SHIPPED))
+    d.pop("points")
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(d))
+    result = CliRunner().invoke(profile_cmd, ["--refit", str(path), "--out", str(tmp_path / "out.json")])
+    assert result.exit_code == 1 and "holds 0 points: nothing to refit" in result.output
+    assert not (tmp_path / "out.json").exists()
