@@ -133,7 +133,10 @@ def clock_bias(directory: Path, clocks: Path, profile, full_mhz: float | None = 
               "default 99% of the highest sample).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="CSV to write.")
 def main(directory: Path, clocks: Path, profile: Path, full_mhz: float | None, out: Path | None) -> None:
-    slowdown, table = clock_bias(directory, clocks, load_profile(profile), full_mhz)
+    try:
+        slowdown, table = clock_bias(directory, clocks, load_profile(profile), full_mhz)
+    except (ValueError, FileNotFoundError) as e:  # a bad clock log, profile or run directory: say which
+        raise click.ClickException(str(e)) from None
     click.echo("slowdown at a lowered clock (served / predicted, median): " +
                ", ".join(f"{path} {100 * s:+.1f}%" for path, s in slowdown.items()))
     click.echo(table.round(2).to_string(index=False))

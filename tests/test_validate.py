@@ -342,3 +342,10 @@ def test_clock_bias_weighs_each_cells_lowered_clock_against_the_calibration_runs
     (tmp_path / "bad.csv").write_text("2026/11/27 10:27:55.749, 0, 345\n")
     with pytest.raises(ValueError, match="anchor"):
         clock_bias(out, tmp_path / "bad.csv", profile)
+    from benchmarks.clock_bias import main as clock_bias_cli
+    result = CliRunner().invoke(clock_bias_cli, [str(out), str(tmp_path / "bad.csv"), str(cpu_profile)])
+    assert result.exit_code == 1 and "first line must be 'anchor" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(clock_bias_cli, [str(out), str(tmp_path / "clocks.csv"), str(cpu_profile),
+                                                 "--out", str(tmp_path / "bias.csv")])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_csv(tmp_path / "bias.csv")) == len(cells)
