@@ -196,3 +196,19 @@ def test_engine_passes_benchmark_runs_on_the_cpu(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {r["third"] for r in rows} == {0, 2} and sum(r["passes"] for r in rows) > 6
     assert all(r["median_span_s"] > 0 and r["span_over_predicted"] > 0 for r in rows)
+
+
+def test_chunk_runs_benchmark_runs_on_the_cpu(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "cr.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.chunk_runs_gpu", "--model", "tiny-llama", "--device", "cpu",
+                    "--profile", "llama-2-7b-analytic", "--prompts", "40,90", "--token-budget", "32", "--repeats", "2",
+                    "--gaps", "0,0.01", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    # a 90-token prompt at a 32-token budget: two chunks that sample nothing, then the one that samples
+    assert [(r["gap_s"], r["prompt_tokens"], r["passes"]) for r in rows] == [(0, 40, 2), (0, 90, 3), (0.01, 40, 2),
+                                                                             (0.01, 90, 3)]
+    assert all(len(r["served_runs_s"]) == 2 and r["served_s"] > 0 and r["synced_s"] > 0 for r in rows)
+    assert all(r["predicted_s"]["llama-2-7b-analytic"] > 0 for r in rows)
