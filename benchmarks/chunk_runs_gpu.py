@@ -41,9 +41,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def one_run(llm: LLMEngine, prompt: list[int], way: str) -> tuple[float, list[PassRecord], list[float]]:
-    """Run ``prompt`` to its first token ``way`` ("served", "synced" or "device"): the run's seconds, its passes'
-    records and, for "synced", each step's seconds up to its sync."""
+def one_run(llm: LLMEngine, prompt: list[int], way: str) -> tuple[float, list[PassRecord]]:
+    """Run ``prompt`` to its first token ``way`` ("served", "synced" or "device"): the run's seconds (for "synced",
+    its steps' seconds up to each sync, summed) and its passes' records."""
     records: list[PassRecord] = []
     untrace = llm.trace_passes(records.append, device_time=way == "device")
     steps = []
@@ -59,7 +59,7 @@ def one_run(llm: LLMEngine, prompt: list[int], way: str) -> tuple[float, list[Pa
     finally:
         untrace()
     run = sum(steps) if way == "synced" else records[-1].updated - records[0].start
-    return run, records, steps
+    return run, records
 
 
 def main() -> None:
@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda (cpu only for smoke runs: no device way)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.repeats < 1 or min(args.gaps, default=-1) < 0 or min(args.prompts, default=0) < 1:
+        parser.error("--repeats must be at least 1, --gaps non-negative seconds, --prompts positive token counts")
     cuda = args.device == "cuda"
     llm = LLMEngine(EngineConfig(args.model, PolicyConfig(token_budget=args.token_budget),
                                  dtype="bfloat16" if cuda else "float32", device=args.device, seed=args.seed))
@@ -97,7 +99,7 @@ def main() -> None:
             for way in ways:  # interleaved, so that drifts of the card's clock touch every way alike
                 time.sleep(gap)
                 starts[way].append(time.time())  # to read the card's clock log beside
-                run, records, _ = one_run(llm, rng.integers(3, vocab, length).tolist(), way)
+                run, records = one_run(llm, rng.integers(3, vocab, length).tolist(), way)
                 runs[way].append(run if way != "device" else sum(r.device_s for r in records))
                 passes = records
         row = {"gap_s": gap, "prompt_tokens": length, "passes": len(passes), "paths": sorted({r.path for r in passes}),

@@ -212,3 +212,6 @@ def test_chunk_runs_benchmark_runs_on_the_cpu(tmp_path):
                                                                              (0.01, 90, 3)]
     assert all(len(r["served_runs_s"]) == 2 and r["served_s"] > 0 and r["synced_s"] > 0 for r in rows)
     assert all(r["predicted_s"]["llama-2-7b-analytic"] > 0 for r in rows)
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.chunk_runs_gpu", "--device", "cpu", "--gaps", "-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--gaps non-negative" in bad.stderr
