@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S
 from sim.request_log import RequestLog
 
 
@@ -96,7 +97,8 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
 
     ids = range(len(table)) if ids is None else ids
     records = {i: Record(i, int(table.prompt_tokens[i]), int(table.output_tokens[i])) for i in ids}
-    limits = httpx.Limits(max_connections=max(clients, max_concurrency or 0, 1) + 1024)
+    limits = httpx.Limits(max_connections=max(clients, max_concurrency or 0, 1) + 1024,
+                          keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S)
     bar = tqdm(total=len(records), desc="requests", unit="req", disable=not progress, mininterval=1.0)
 
     async def one(client, i: int) -> None:

@@ -149,3 +149,10 @@ def test_the_router_answers_errors_as_a_server_does(router):
                       (httpx.post(router + "/v1/completions", json={**body, "model": "gpt-9"}), 404)):
         assert r.status_code == status and r.json()["error"]["code"] == status, r.text
     assert not any("pid" in key for replica in replicas(router) for key in replica)
+
+
+def test_clients_drop_idle_connections_before_a_server_closes_them():
+    # at equal timeouts a client can reuse a keep-alive connection the server is closing (a ReadError)
+    from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S, ServerConfig
+
+    assert 0 < CLIENT_KEEPALIVE_EXPIRY_S <= ServerConfig().timeout_keep_alive / 2

@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from engine.config import EngineConfig
 from engine.policy import PolicyConfig, ReplicaLoad, estimate_kv_usage, make_balancer
 from engine.policy.options import config_flags
-from engine.server.config import ServerConfig
+from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S, ServerConfig
 from engine.server.guards import error_response, fastapi_options, install_guards
 from engine.server.metrics import CONTENT_TYPE, ReplicaMetrics
 from engine.server.protocol import APIError
@@ -106,8 +106,9 @@ class Router:
         self.registry.register(self.replica_metrics)
 
     async def start(self) -> None:
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
-                                        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=256))
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256,
+                              keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S)
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
 
     async def stop(self) -> None:
         await self.client.aclose()
