@@ -84,6 +84,16 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float) 
         record.error = "no tokens received"
 
 
+async def warm_up(client, url: str) -> None:
+    """One ``GET /v1/models`` before the clock starts, its answer ignored. Without it a fresh client process's first
+    request pays the start-up of its HTTP stack and connection, counted as the server's admission
+    (``calibration/VALIDATION.md``, tenth round)."""
+    import httpx
+
+    with contextlib.suppress(httpx.HTTPError):
+        await client.get(url + "/v1/models")
+
+
 async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
                        t0: float | None = None, ids=None, max_concurrency: int | None = None,
                        progress: bool = False) -> list[Record]:
@@ -91,7 +101,8 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
     system-wide on Linux, so client processes started together can share it; default: now). ``ids``: send only
     these rows of ``table`` (one client process's share). ``max_concurrency``: in open loop, at most this many
     requests in flight (a request due while the limit is reached waits, and its latencies start when it is
-    sent, as in vLLM). ``progress``: a tqdm bar of finished requests on stderr."""
+    sent, as in vLLM). ``progress``: a tqdm bar of finished requests on stderr. The client is warmed up
+    (``warm_up``) before the first request."""
     import httpx
     from tqdm import tqdm
 
@@ -106,6 +117,7 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
         bar.update(1)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10), limits=limits) as client:
+        await warm_up(client, url)
         t0 = time.perf_counter() if t0 is None else t0
         if table.arrivals is not None:  # open loop: send at the scheduled times, whatever the server does
             gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()

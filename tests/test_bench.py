@@ -78,3 +78,34 @@ def test_seeded_workload_is_reproducible():
     a = make_prompts(np.random.default_rng([3, 0xB0]), np.array([5, 7]), 320)
     b = make_prompts(np.random.default_rng([3, 0xB0]), np.array([5, 7]), 320)
     assert a == b and [len(p) for p in a] == [5, 7] and all(3 <= t < 320 for p in a for t in p)
+
+
+def test_each_client_warms_up_before_its_first_request():
+    # a fresh client's first request would otherwise pay its HTTP stack's start-up, counted as admission
+    import asyncio
+
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from sim.bench import run_workload
+    from sim.workload import RequestTable
+
+    seen = []
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        seen.append("models")
+        return {"object": "list", "data": []}
+
+    @app.post("/v1/completions")
+    def completions():
+        seen.append("completion")
+        events = ['data: {"id": "c", "choices": [{"text": "x"}]}\n\n', "data: [DONE]\n\n"]
+        return StreamingResponse(iter(events), media_type="text/event-stream")
+
+    table = RequestTable(np.array([0.0, 0.01]), np.array([4, 4]), np.array([1, 1]))
+    with serve_in_thread(app) as url:
+        records = asyncio.run(run_workload(url, "m", table, [[1, 2, 3, 4]] * 2, clients=0, timeout=10))
+    assert seen == ["models", "completion", "completion"]
+    assert [r.output_tokens for r in records] == [1, 1] and all(r.error is None for r in records)
