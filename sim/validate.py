@@ -539,8 +539,10 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     the pass that made the first and the last token to the client's receipt, with that pass's sampled entries).
     ``cost``: a profile without a serving section. Requests come from the overload runs alone, sent as the cells
     are (open loop, fresh client processes): during the warm-up the engine compiles its kernels, which delays
-    admission tenfold."""
-    _, runs, traces = load_measured(directory, "calibration")
+    admission tenfold. Each client process's first request is left out: before ``sim.bench.warm_up`` it paid the
+    client's own start-up, and the simulator's clients are warm."""
+    meta, runs, traces = load_measured(directory, "calibration")
+    processes = int(meta.get("client_processes", 1))  # process p sent rows p, p + processes, ...
     passes, requests = [], []
     for name, m, _ in runs:
         if traces[name] is None:
@@ -554,11 +556,13 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
         # a token's time is the end of the pass that made it
         sampled_at = {p["end"]: p["num_samples"] for engine in trace_passes for p in engine}
         for r in m.records:
+            if r.id < processes:
+                continue
             row = trace_requests[r.response_id]
             sent = m.t0 + r.arrival
             for server_time, client_time in ((row["token_times"][0], r.chunk_times[0]),
                                              (row["token_times"][-1], r.chunk_times[-1])):
-                requests.append({"prompt_tokens": r.prompt_tokens, "admission_s": row["received"] - sent,
+                requests.append({"id": r.id, "prompt_tokens": r.prompt_tokens, "admission_s": row["received"] - sent,
                                  "delivery_s": m.t0 + client_time - server_time,
                                  "num_samples": sampled_at.get(server_time, float("nan"))})
     return passes, requests
