@@ -263,7 +263,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
         if n not in params:
             params[n] = SamplingParams(max_tokens=n, ignore_eos=True)
         request = Request(i, None, params[n], sent,
-                          num_prompt_tokens=prompts[i],
+                          num_prompt_tokens=prompts[i], max_model_len=replica.cost.max_model_len,
                           prefix_id=prefix_ids[i] if prefix_ids else None,
                           prefix_len=prefix_lens[i] if prefix_lens else 0)
         replica.submit(request)

@@ -50,10 +50,11 @@ def recorder(index_of, passes: list, requests: dict):
     return record
 
 
-def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks):
+def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks,
+               max_model_len=None):
     engine = LLMEngine(MODEL, scheduler=scheduler, token_budget=token_budget, block_size=block_size,
                        max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, device="cpu", dtype="float32",
-                       seed=0)
+                       seed=0, max_model_len=max_model_len)
     passes: list = []
     requests: dict = {}
     engine.scheduler.observe(recorder(lambda r: int(r.request_id), passes, requests))
@@ -66,8 +67,13 @@ def run_engine(prompts, outputs, scheduler, token_budget, max_num_seqs, block_si
         for out in engine.step():
             if out.finished:
                 outputs_seen[int(out.request_id)] = len(out.outputs[0].token_ids)
-    assert outputs_seen == dict(enumerate(outputs))
+    assert outputs_seen == dict(enumerate(expected_outputs(prompts, outputs, engine.max_model_len)))
     return passes, requests, engine.max_model_len
+
+
+def expected_outputs(prompts, outputs, max_model_len) -> list[int]:
+    """Each request's output tokens: its max_tokens, or fewer where prompt and output reach the context limit."""
+    return [min(n, max_model_len - len(p)) for p, n in zip(prompts, outputs)]
 
 
 def run_sim(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size, num_kv_blocks, max_model_len):
@@ -81,27 +87,31 @@ def run_sim(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size,
     config = ClusterConfig(cost, replicas=1, noise=False, policy=policy)
     result = simulate(table, config, seed=0, on_pass=lambda replica, plan, start, end: record(plan))
     df = result.requests.sort_values("id")
-    assert df["output_tokens"].tolist() == outputs
+    assert df["output_tokens"].tolist() == expected_outputs(prompts, outputs, max_model_len)
     assert result.replicas["passes"].tolist() == [len(passes)]
     return passes, requests
 
 
-# (scheduler, token budget, max_num_seqs, block size, KV blocks, expect preemptions)
+# (scheduler, token budget, max_num_seqs, block size, KV blocks, expect preemptions, context limit or None)
 CASES = {
-    "splitfuse-roomy": ("splitfuse", 16, 256, 4, 512, False),
-    "splitfuse-tight-kv": ("splitfuse", 16, 256, 4, 24, True),
-    "splitfuse-few-seqs": ("splitfuse", 16, 3, 8, 256, False),
-    "prefill-first-tight-kv": ("prefill-first", 80, 256, 4, 26, True),
-    "decode-first-tight-kv": ("decode-first", 80, 256, 4, 26, True),
+    "splitfuse-roomy": ("splitfuse", 16, 256, 4, 512, False, None),
+    "splitfuse-tight-kv": ("splitfuse", 16, 256, 4, 24, True, None),
+    "splitfuse-few-seqs": ("splitfuse", 16, 3, 8, 256, False, None),
+    "prefill-first-tight-kv": ("prefill-first", 80, 256, 4, 26, True, None),
+    "decode-first-tight-kv": ("decode-first", 80, 256, 4, 26, True, None),
+    # the limit ends the longest prompts' outputs early, on both sides
+    "splitfuse-context-limit": ("splitfuse", 16, 256, 4, 512, False, 64),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_simulator_runs_the_engines_passes(case):
-    scheduler, budget, max_num_seqs, block_size, num_kv_blocks, expect_preemptions = CASES[case]
+    scheduler, budget, max_num_seqs, block_size, num_kv_blocks, expect_preemptions, limit = CASES[case]
     prompts, outputs = workload()
     engine_passes, engine_requests, max_model_len = run_engine(prompts, outputs, scheduler, budget, max_num_seqs,
-                                                               block_size, num_kv_blocks)
+                                                               block_size, num_kv_blocks, limit)
+    if limit is not None:
+        assert expected_outputs(prompts, outputs, limit) != outputs  # some request really reaches the limit
     sim_passes, sim_requests = run_sim(prompts, outputs, scheduler, budget, max_num_seqs, block_size, num_kv_blocks,
                                        max_model_len)
 
