@@ -10,8 +10,10 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   API process, taking in commands): ``per_pass_s`` + ``per_sample_s`` x sampled entries, a line through the
   traced passes whose next step followed at once;
 - admission, from the client's send until the engine process has the request (HTTP, JSON, tokenizing, the pipe):
-  ``admission_per_token_s`` x prompt tokens plus a draw from ``admission_q``, its measured distribution (heavy-
-  tailed: a connection being opened, a busy event loop), as quantiles; and delivery, from the end of the pass
+  ``admission_per_token_s`` x prompt tokens plus a draw from ``admission_q``, its measured distribution, as
+  quantiles. The distribution comes from requests sent to a lightly loaded server (the warm-up's closed-loop
+  clients, ``light``): under a flood of three times the saturation rate the API process's backlog doubles the mean,
+  a state no load below saturation reaches, where a few milliseconds matter to TTFT; and delivery, from the end of the pass
   that made a token until the client has it (the pipe, detokenizing, the stream): ``delivery_q`` (its median
   alone: a fresh draw per pass would add gaps between one stream's tokens that they do not have) plus
   ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes and streams a pass's
@@ -124,13 +126,16 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples`` and ``serving_s``
     (the loop's work before the next step; NaN where the engine then idled). ``requests``: rows with
     ``prompt_tokens``, ``admission_s``, ``delivery_s`` and ``num_samples`` (sampled entries of the pass that made the
-    delivered token). Admission's growth with prompt length, and delivery's with the pass's sampled entries, are
-    lines through the medians of ten bins (robust to the tail); what is left of admission is kept as its measured
-    distribution, of delivery the intercept."""
+    delivered token), and optionally ``light`` (sent to a lightly loaded server; NaN delivery). Admission's growth
+    with prompt length (from the other rows, an open-loop flood's), and delivery's with the pass's sampled entries,
+    are lines through the medians of ten bins (robust to the tail); what is left of admission is kept as its
+    measured distribution, from the light rows where there are ``min_count`` of them, and of delivery the
+    intercept."""
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s"])
-    requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples"])
+    requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples", "light"])
+    light = requests.pop("light").eq(True).to_numpy()
     scale, scale_fit = {}, {}
     for path, part in passes.groupby("path"):
         (ratio,) = _finite(part["pass_s"] / part["model_s"])
@@ -139,7 +144,8 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
             scale_fit[path] = {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)),
                                "p90": float(np.percentile(ratio, 90))}
     samples, serving = _finite(passes["num_samples"], passes["serving_s"])
-    prompts, admission = _finite(requests["prompt_tokens"], requests["admission_s"])
+    prompts, admission = _finite(requests["prompt_tokens"][~light], requests["admission_s"][~light])
+    light_prompts, light_admission = _finite(requests["prompt_tokens"][light], requests["admission_s"][light])
     sampled, delivery = _finite(requests["num_samples"], requests["delivery_s"])
     for name, n in (("loop", len(serving)), ("admission", len(admission)), ("delivery", len(delivery))):
         if n < min_count:
@@ -148,11 +154,15 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                                                           "grid of --loads makes)"))
     per_pass, per_sample, loop_fit = _line(samples, serving, "loop")
     _, per_token, _ = _line(*_bin_medians(prompts, admission), "admission")
+    admitted_by = "light load" if len(light_admission) >= min_count else "overload"
+    if admitted_by == "light load":
+        flood, prompts, admission = admission, light_prompts, light_admission
     left = admission - per_token * prompts
     delivery_base, delivery_per_sample, delivery_fit = _line(*_bin_medians(sampled, delivery), "delivery")
     fit = {"path_scale": scale_fit, "loop": loop_fit,
-           "admission": {"n": int(len(admission)), "p50_s": float(np.median(admission)),
-                         "mean_s": float(admission.mean()), "p90_s": float(np.percentile(admission, 90))},
+           "admission": {"n": int(len(admission)), "source": admitted_by, "p50_s": float(np.median(admission)),
+                         "mean_s": float(admission.mean()), "p90_s": float(np.percentile(admission, 90)),
+                         **({"overload_mean_s": float(flood.mean())} if admitted_by == "light load" else {})},
            "delivery": {"n": int(len(delivery)), "p50_s": float(np.median(delivery)),
                         "mean_s": float(delivery.mean()), "p90_s": float(np.percentile(delivery, 90)),
                         "samples_range": delivery_fit["x_range"]},

@@ -537,10 +537,11 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
     the pass that made the first and the last token to the client's receipt, with that pass's sampled entries).
-    ``cost``: a profile without a serving section. Requests come from the overload runs alone, sent as the cells
-    are (open loop, fresh client processes): during the warm-up the engine compiles its kernels, which delays
-    admission tenfold. Each client process's first request is left out: before ``sim.bench.warm_up`` it paid the
-    client's own start-up, and the simulator's clients are warm."""
+    ``cost``: a profile without a serving section. Delivery comes from the overload runs, sent as the cells are
+    (open loop, fresh client processes); admission from those and (``light``) from the warm-up's closed-loop
+    clients after each one's first request, when the engine has compiled its kernels (which delays admission
+    tenfold) and the server is lightly loaded. Each client process's first request is left out: before
+    ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm."""
     meta, runs, traces = load_measured(directory, "calibration")
     processes = int(meta.get("client_processes", 1))  # process p sent rows p, p + processes, ...
     passes, requests = [], []
@@ -551,7 +552,11 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
                            "num_samples": p["num_samples"], "serving_s": p["serving_s"]})
-        if m.cell.clients:
+        if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start
+            requests += [{"id": r.id, "prompt_tokens": r.prompt_tokens, "light": True,
+                          "admission_s": trace_requests[r.response_id]["received"] - m.t0 - r.arrival,
+                          "delivery_s": float("nan"), "num_samples": float("nan")}
+                         for r in m.records if r.id >= m.cell.clients]
             continue
         # a token's time is the end of the pass that made it
         sampled_at = {p["end"]: p["num_samples"] for engine in trace_passes for p in engine}
@@ -562,7 +567,8 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
             sent = m.t0 + r.arrival
             for server_time, client_time in ((row["token_times"][0], r.chunk_times[0]),
                                              (row["token_times"][-1], r.chunk_times[-1])):
-                requests.append({"id": r.id, "prompt_tokens": r.prompt_tokens, "admission_s": row["received"] - sent,
+                requests.append({"id": r.id, "prompt_tokens": r.prompt_tokens, "light": False,
+                                 "admission_s": row["received"] - sent,
                                  "delivery_s": m.t0 + client_time - server_time,
                                  "num_samples": sampled_at.get(server_time, float("nan"))})
     return passes, requests

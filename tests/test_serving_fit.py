@@ -39,6 +39,27 @@ def test_delivery_grows_with_the_passs_sampled_entries():
     assert ServingModel.from_dict(s.to_dict()).delivery_per_sample_s == s.delivery_per_sample_s
 
 
+def test_admission_is_drawn_as_a_lightly_loaded_server_takes_requests():
+    """The distribution comes from the light rows (with the flood's growth per prompt token taken out), the growth
+    from the flood; too few light rows fall back on the flood, and the fit says which it used."""
+    passes, flood = synthetic()
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(10, 4000, 50)
+    light = {"prompt_tokens": prompts, "admission_s": 1e-3 + 5e-7 * prompts + rng.exponential(1e-4, 50),
+             "delivery_s": np.full(50, np.nan), "num_samples": np.full(50, np.nan), "light": np.full(50, True)}
+    both = {k: np.concatenate([flood[k] if k in flood else np.full(len(flood["prompt_tokens"]), False), light[k]])
+            for k in light}
+    s = fit_serving(passes, both)
+    assert s.admission_per_token_s == pytest.approx(5e-7, rel=0.1)
+    assert s.fit["admission"]["source"] == "light load" and s.fit["admission"]["n"] == 50
+    assert s.fit["admission"]["overload_mean_s"] == pytest.approx(np.mean(flood["admission_s"]))
+    assert np.mean(s.admission_q) == pytest.approx(1e-3 + 1e-4, rel=0.15)
+    assert s.delivery_per_sample_s == pytest.approx(5e-5, rel=0.05)  # light rows carry no delivery
+    few = {k: v[: len(flood["prompt_tokens"]) + 5] for k, v in both.items()}
+    s = fit_serving(passes, few)
+    assert s.fit["admission"]["source"] == "overload" and np.mean(s.admission_q) > 3e-3
+
+
 def test_one_pass_size_fits_the_level_alone():
     passes, requests = synthetic()
     requests["num_samples"] = np.full(len(requests["num_samples"]), 7)

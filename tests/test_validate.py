@@ -58,7 +58,7 @@ def cpu_profile(tmp_path_factory):
 def run(cpu_profile, tmp_path_factory):
     out = tmp_path_factory.mktemp("validate")
     args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256", "--mix", MIX,
-            "--loads", "0.5", "--clients", "2", "-n", "10", "--warmup", "6", "--client-processes", "2",
+            "--loads", "0.5", "--clients", "2", "-n", "10", "--warmup", "28", "--client-processes", "2",
             "--out", str(out), "--fit-serving", str(out / "served.json")]
     result = CliRunner().invoke(validate, args)
     assert result.exit_code == 0, result.output
@@ -130,6 +130,7 @@ def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_pro
     s = served.serving
     assert s is not None and "serving: loop" in output
     assert s.fit["loop"]["n"] >= 10 and s.fit["admission"]["n"] >= 10 and s.fit["delivery"]["n"] >= 10
+    assert s.fit["admission"]["source"] == "light load"  # 16 warm-up clients, 12 requests after their first
     u = np.linspace(0, 0.999, 50)
     admission = s.admission_seconds(np.full(50, 30), u)
     # Seconds, on a CPU the overload floods (and that other jobs may share): bounds loose enough for a loaded
@@ -151,8 +152,14 @@ def test_each_client_process_first_request_stays_out_of_the_admission_fit(run, c
     _, requests = serving_measurements(out, load_profile(cpu_profile))
     _, runs, _ = load_measured(out, "calibration")
     overload = [m for _, m, _ in runs if not m.cell.clients]
-    assert overload and min(r["id"] for r in requests) == 2
-    assert len(requests) == 2 * sum(len(m.records) - 2 for m in overload)  # a first and a last token each
+    flood = [r for r in requests if not r["light"]]
+    assert overload and min(r["id"] for r in flood) == 2
+    assert len(flood) == 2 * sum(len(m.records) - 2 for m in overload)  # a first and a last token each
+    # the warm-up's closed-loop clients: each one's first request (sent together at the start) stays out too
+    warmup = [m for _, m, _ in runs if m.cell.clients]
+    light = [r for r in requests if r["light"]]
+    assert warmup and len(light) == sum(len(m.records) - m.cell.clients for m in warmup)
+    assert min(r["id"] for r in light) == warmup[0].cell.clients
 
 
 @pytest.mark.parametrize("mix, loads, clients, message", [
