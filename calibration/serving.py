@@ -13,11 +13,11 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   ``admission_per_token_s`` x prompt tokens plus a draw from ``admission_q``, its measured distribution, as
   quantiles. The distribution comes from requests sent to a lightly loaded server (the warm-up's closed-loop
   clients, ``light``): under a flood of three times the saturation rate the API process's backlog doubles the mean,
-  a state no load below saturation reaches, where a few milliseconds matter to TTFT; and delivery, from the end of the pass
-  that made a token until the client has it (the pipe, detokenizing, the stream): ``delivery_q`` (its median
-  alone: a fresh draw per pass would add gaps between one stream's tokens that they do not have) plus
-  ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes and streams a pass's
-  outputs one after another (from profile version 5; older sections have no such term).
+  a state no load below saturation reaches, where a few milliseconds matter to TTFT;
+- delivery, from the end of the pass that made a token until the client has it (the pipe, detokenizing, the
+  stream): ``delivery_q`` (its median alone: a fresh draw per pass would add gaps between one stream's tokens that
+  they do not have) plus ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes
+  and streams a pass's outputs one after another (from profile version 5; older sections have no such term).
 """
 
 from __future__ import annotations
