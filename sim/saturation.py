@@ -4,24 +4,52 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.policy import BatchPlan, plan_features
+from engine.policy import BatchPlan, plan_features, scheduler_class
 from sim.workload import Workload
+
+
+def engine_concurrency(policy, kv_tokens: int, workload: Workload) -> int:
+    """How many of ``workload``'s requests one engine holds at once: ``policy.max_num_seqs``, or fewer when its KV
+    cache (``kv_tokens``) fills first with requests of the mean lengths."""
+    p, o = workload.mean_lengths()
+    by_kv = kv_tokens / (p + o)
+    return max(1, int(min(policy.max_num_seqs, by_kv)))
 
 
 def estimate_capacity(config, workload: Workload) -> float:
     """Rough saturation rate (requests/s) of the cluster ``config`` (a ``sim.cluster.ClusterConfig``; not imported
-    here, which ``sim.cluster`` imports): every replica runs passes full of ``max_num_batched_tokens``
-    tokens, mixing decodes and one prompt chunk in the workload's proportions (its mean lengths: a trace's own, or
-    the clipped sampled ones). A starting point for sweeps, not a result."""
+    here, which ``sim.cluster`` imports), from one typical pass per replica at the workload's mean lengths (a
+    trace's own, or the clipped sampled ones). A replica finishes a request per ``o`` decodes and feeds a new one
+    ``p`` prompt tokens, so in steady state a pass holds ``D`` decodes and ``D p / o`` prompt tokens, ``D`` as many
+    as fit both the token budget (``max_num_batched_tokens``) and the requests the engine holds at once
+    (``engine_concurrency``). The prompt tokens run as equal chunks of at most one prompt each, beside the decodes
+    or, for a scheduler that does not mix them (prefill-first), in a pass of their own. A starting point for
+    sweeps, not a result."""
     p, o = workload.mean_lengths()
     budget = config.policy.max_num_batched_tokens
-    decodes = min(round(budget * o / (p + o)), budget - 1)
-    # decodes halfway through their outputs, and a chunk halfway through its prompt
-    typical = BatchPlan(num_new_tokens=[1] * decodes + [budget - decodes],
-                        start_positions=[p + o / 2 - 1] * decodes + [p / 2], num_decodes=decodes,
-                        num_prefill_tokens=budget - decodes)
-    features = plan_features(typical)
-    return sum(budget / (p + o) / cost.predict(features) for cost in config.costs())
+    mixes = scheduler_class(config.policy.scheduler).mixes_prompts_and_decodes
+    rate = 0.0
+    for cost in config.costs():
+        decodes = max(1, min(round(budget * o / (p + o)), budget - 1,
+                             engine_concurrency(config.policy, cost.num_kv_blocks * cost.block_size, workload)))
+        prefill = max(1, min(round(decodes * p / o), budget - decodes))
+        chunks = -(-prefill // max(1, round(p)))
+        sizes = [prefill // chunks + (i < prefill % chunks) for i in range(chunks)]
+        # decodes halfway through their outputs, and each chunk halfway through what is left of its prompt
+        decode = BatchPlan(num_new_tokens=[1] * decodes, start_positions=[p + o / 2 - 1] * decodes,
+                           samples=[True] * decodes, num_decodes=decodes, num_prefill_tokens=0)
+        prompts = BatchPlan(num_new_tokens=sizes, start_positions=[(p - size) / 2 for size in sizes],
+                            samples=[prefill >= round(p)] * chunks, num_decodes=0, num_prefill_tokens=prefill)
+        passes = [_joined(decode, prompts)] if mixes else [decode, prompts]
+        rate += decodes / o / sum(cost.predict(plan_features(plan)) for plan in passes)
+    return rate
+
+
+def _joined(decode: BatchPlan, prompts: BatchPlan) -> BatchPlan:
+    return BatchPlan(num_new_tokens=decode.num_new_tokens + prompts.num_new_tokens,
+                     start_positions=decode.start_positions + prompts.start_positions,
+                     samples=decode.samples + prompts.samples,
+                     num_decodes=decode.num_decodes, num_prefill_tokens=prompts.num_prefill_tokens)
 
 
 def with_rate(workload: Workload, config) -> Workload:

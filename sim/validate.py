@@ -45,6 +45,8 @@ from sim.bench import Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import CostModel
 from sim.metrics import SLA, summarize
+from sim.saturation import engine_concurrency as replica_concurrency
+from sim.saturation import estimate_capacity
 from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, Workload, parse_length
 
 # name: (prompt lengths, output lengths), as in issue 17 (prompts clipped at 4,000 tokens, as FastGen's benchmark)
@@ -278,12 +280,10 @@ def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes:
 
 
 def engine_concurrency(cell: Cell, info: dict) -> int:
-    """How many of ``cell``'s requests its engines hold at once: the batch bound, or fewer when the KV cache the
-    server reported fills first (requests of the mix's mean length)."""
+    """How many of ``cell``'s requests its engines hold at once (``sim.saturation.engine_concurrency`` of each, with
+    the KV cache the server reported)."""
     policy = cell.policy
-    prompt, output = cell.workload(1.0).mean_lengths()
-    by_kv = info["kv_total_blocks"] * policy.block_size / (prompt + output)
-    return cell.replicas * max(1, int(min(policy.max_num_seqs, by_kv)))
+    return cell.replicas * replica_concurrency(policy, info["kv_total_blocks"] * policy.block_size, cell.workload(1.0))
 
 
 def steady_throughput(finish_times, concurrency: int) -> float:
@@ -416,7 +416,6 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     in this run or given in ``saturation`` ({server name: {mix: requests/s}}, as ``meta.json`` keeps it), else
     measured on the fleet."""
     from engine.server.router import replica_slots
-    from sim.saturation import estimate_capacity
 
     deadline = time.monotonic() + time_budget if time_budget else float("inf")
 

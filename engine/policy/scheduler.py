@@ -56,6 +56,8 @@ class Scheduler:
     # Whether a plan's running decodes take their KV blocks before anything else does: then the decode pass that
     # follows a decode pass can be planned before the first one ends (``next_decode_plan``).
     decodes_first = False
+    # Whether a pass may hold prompt tokens beside decodes (prefill-first runs them in passes of their own).
+    mixes_prompts_and_decodes = True
 
     def __init__(self, config: PolicyConfig, num_kv_blocks: int, max_model_len: int | None = None) -> None:
         self.config = config
@@ -341,6 +343,7 @@ class PrefillFirstScheduler(Scheduler):
     """Whole prompts in passes of their own whenever some can be admitted; otherwise one decode pass."""
 
     name = "prefill-first"
+    mixes_prompts_and_decodes = False
 
     def check(self, request: Request) -> None:
         super().check(request)
@@ -364,6 +367,7 @@ class DecodeFirstScheduler(PrefillFirstScheduler):
 
     name = "decode-first"
     decodes_first = True
+    mixes_prompts_and_decodes = True
 
     def _schedule(self, now: float) -> BatchPlan | None:
         plan = self._schedule_decodes(self.token_budget)
