@@ -373,20 +373,24 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     return rows
 
 
-def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None) -> tuple[dict, list[int]]:
-    """The simulator's summary of the cell's workload, and its tokens per pass. ``seed`` (default the cell's)
-    draws pass-time noise and serving delays; the workload is the cell's whatever the seed."""
+def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None,
+              first_id: int = 0) -> tuple[dict, list[int]]:
+    """The simulator's summary of the cell's workload (of its requests from ``first_id`` on), and its tokens per
+    pass. ``seed`` (default the cell's) draws pass-time noise and serving delays; the workload is the cell's
+    whatever the seed."""
     tokens: list[int] = []
     result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy),
                       seed=cell.seed if seed is None else seed, workload_seed=cell.seed,
                       on_pass=lambda replica, plan, start, end: tokens.append(plan.num_tokens))
-    return summarize(result, SLA()), tokens
+    keep = result.columns["measured"] & (result.columns["id"] >= first_id) if first_id else None
+    return summarize(result, SLA(), keep), tokens
 
 
-def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, own: dict) -> list[dict]:
+def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, own: dict,
+                first_id: int = 0) -> list[dict]:
     """The simulator's headline metrics on ``seeds`` seeds (the cell's, whose summary ``own`` is, and the next
     ones): one row per metric with their mean, standard deviation, min and max."""
-    runs = [metric_columns(own)] + [metric_columns(simulated(cell, rate, cost, cell.seed + k)[0])
+    runs = [metric_columns(own)] + [metric_columns(simulated(cell, rate, cost, cell.seed + k, first_id)[0])
                                     for k in range(1, seeds)]
     rows = []
     for metric in SPREAD_METRICS:
@@ -394,6 +398,12 @@ def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, ow
         rows.append({**cell.keys(), "metric": metric, "seeds": seeds, "mean": values.mean(), "std": values.std(),
                      "min": values.min(), "max": values.max()})
     return rows
+
+
+def first_requests(cell: Cell, processes: int) -> int:
+    """How many of a measured cell's rows each client sent first: one per closed-loop client, else one per client
+    process (process p sends rows p, p + processes, ...)."""
+    return cell.clients if cell.clients else min(processes, cell.num_requests)
 
 
 # -- the grid ------------------------------------------------------------------------------------------------
@@ -573,23 +583,29 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     return passes, requests
 
 
-def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds: int = 1) -> dict:
+def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds: int = 1,
+            exclude_first: bool = False) -> dict:
     """Simulate every measured cell of ``directory`` on ``cost``; write ``validation.csv``, ``errors.csv``,
     ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default: ``directory``). ``sim_seeds`` > 1:
-    also ``sim_seeds.csv``, the spread of the simulator's headline metrics over that many seeds."""
+    also ``sim_seeds.csv``, the spread of the simulator's headline metrics over that many seeds.
+    ``exclude_first``: leave each client's first requests (``first_requests``) out of both sides' metrics, for
+    runs sent before the client warmed up (``sim.bench.warm_up``), whose first requests carried its start-up."""
     import pandas as pd
 
     out = out or directory
     out.mkdir(parents=True, exist_ok=True)
     meta, cells, traces = load_measured(directory)
+    processes = int(meta.get("client_processes", 1))
     rows, passes_rows, delivery_rows, spread_rows = [], [], [], []
     for name, m, info in cells:
         served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
         trace_passes, trace_requests = traces[name] or ([], None)
-        sim_summary, _ = simulated(m.cell, m.rate, served)
+        first = first_requests(m.cell, processes) if exclude_first else 0
+        sim_summary, _ = simulated(m.cell, m.rate, served, first_id=first)
         if sim_seeds > 1:
-            spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds, sim_summary)
-        cell_views = views(m, trace_requests)
+            spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds, sim_summary, first)
+        kept = [r for r in m.records if r.id >= first]
+        cell_views = views(dataclasses.replace(m, records=kept), trace_requests)
         pass_rows = cell_passes(m, trace_passes, served)
         passes_rows += pass_rows
         stats = {"mean_tokens_per_pass": float(np.mean([p["num_tokens"] for p in pass_rows])) if pass_rows
@@ -599,7 +615,7 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
             rows.append({**m.cell.keys(), "rate": m.rate, "source": source, **metric_columns(summary)})
         if trace_requests is None:
             continue
-        for r, s in zip(m.records, cell_views["server"].columns["first_token"]):
+        for r, s in zip(kept, cell_views["server"].columns["first_token"]):
             delivery_rows.append({**m.cell.keys(), "id": r.id, "server_first_token": s,
                                   "client_first_token": r.chunk_times[0],
                                   "server_finish": trace_requests[r.response_id]["token_times"][-1] - m.t0,
@@ -612,7 +628,8 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     delivery.to_csv(out / "delivery.csv", index=False)
     if spread_rows:
         pd.DataFrame(spread_rows).to_csv(out / "sim_seeds.csv", index=False)
-    report_meta = {**meta, "profile": cost.meta, "serving": getattr(cost, "serving", None) is not None}
+    report_meta = {**meta, "profile": cost.meta, "serving": getattr(cost, "serving", None) is not None,
+                   "excluded": "each client's first requests" if exclude_first else None}
     from sim.validation_report import write_report
 
     write_report(out / "report.html", frame, errors, passes, delivery, report_meta)
@@ -743,12 +760,15 @@ def _command():
     @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
+    @click.option("--exclude-first-requests", is_flag=True,
+                  help="Leave each client's first request (each client process's, in open loop) out of both sides: "
+                       "for runs sent before the client warmed up, whose first requests carried its start-up.")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 fit_serving, sim_seeds, **engine_options):
+                 fit_serving, exclude_first_requests, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -796,7 +816,7 @@ def _command():
                        f"step {serving.path_scale}; wrote {fit_serving}")
         for directory in measured:
             into = out if len(measured) == 1 else out / _folder_name(directory)
-            compare(directory, cost, into, sim_seeds)
+            compare(directory, cost, into, sim_seeds, exclude_first_requests)
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate

@@ -76,7 +76,8 @@ def write_report(path: Path, frame, errors, passes, delivery, meta: dict) -> Pat
              f"{escape(str(meta['profile'].get('model')))} on {escape(str(meta['profile'].get('card')))} "
              f"({escape(str(meta['profile'].get('kind')))}); measured {escape(str(meta.get('date')))}, commit "
              f"{escape(str(meta.get('commit') or '-'))}; saturation rates (req/s) "
-             f"{escape(str(meta.get('saturation_rps')))}. {escape(meta.get('note', ''))}</p>",
+             f"{escape(str(meta.get('saturation_rps')))}. {escape(meta.get('note', ''))}"
+             + (f" Left out of both sides: {escape(meta['excluded'])}." if meta.get("excluded") else "") + "</p>",
              "<h2>Every cell: means in seconds, throughput in requests/s</h2>", _table(frame)]
     for i, fig in enumerate(figures(frame, errors, passes, delivery)):
         parts.append(pio.to_html(fig, include_plotlyjs=i == 0, full_html=False))

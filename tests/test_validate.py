@@ -192,6 +192,23 @@ def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_p
     assert result.exit_code == 2 and "--from" in result.output
 
 
+def test_each_clients_first_requests_can_be_left_out_of_both_sides(run, tmp_path):
+    """``--exclude-first-requests``: the open-loop cell loses each client process's first request (2 processes),
+    the closed-loop cell each client's first (2 clients); the simulator scores the same requests."""
+    out, _ = run
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path), "--exclude-first-requests"])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(tmp_path / "validation.csv")
+    assert (frame.requests == 8).all() and len(frame) == 6  # 2 cells x sim, server, client
+    _, cells, _ = load_measured(out)
+    for _, m, _ in cells:
+        kept = [r.chunk_times[0] - r.arrival for r in m.records if r.id >= 2]
+        client = frame[(frame.source == "client") & (frame.clients == m.cell.clients)]
+        assert client.ttft_mean.item() == pytest.approx(np.mean(kept))
+    assert "Left out of both sides: each client&#x27;s first requests" in (tmp_path / "report.html").read_text()
+
+
 def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
     """Two engines (CPU slots) behind ``splitfuse serve --replica-url``, a router per cell, on one engine's
     saturation rate from the earlier run (``--saturation-from``) times two; every engine's passes traced; the
