@@ -33,16 +33,27 @@ def estimate_capacity(config, workload: Workload) -> float:
         decodes = max(1, min(round(budget * o / (p + o)), budget - 1,
                              engine_concurrency(config.policy, cost.num_kv_blocks * cost.block_size, workload)))
         prefill = max(1, min(round(decodes * p / o), budget - decodes))
-        chunks = -(-prefill // max(1, round(p)))
-        sizes = [prefill // chunks + (i < prefill % chunks) for i in range(chunks)]
-        # decodes halfway through their outputs, and each chunk halfway through what is left of its prompt
-        decode = BatchPlan(num_new_tokens=[1] * decodes, start_positions=[p + o / 2 - 1] * decodes,
-                           samples=[True] * decodes, num_decodes=decodes, num_prefill_tokens=0)
-        prompts = BatchPlan(num_new_tokens=sizes, start_positions=[(p - size) / 2 for size in sizes],
-                            samples=[prefill >= round(p)] * chunks, num_decodes=0, num_prefill_tokens=prefill)
-        passes = [_joined(decode, prompts)] if mixes else [decode, prompts]
-        rate += decodes / o / sum(cost.predict(plan_features(plan)) for plan in passes)
+        seconds = _pass_seconds(cost, decodes, prefill, -(-prefill // max(1, round(p))), p, o, mixes)
+        if not seconds > 0:  # a model fitted on few small passes can price many prompts in one pass at <= 0 s
+            seconds = _pass_seconds(cost, decodes, prefill, 1, p, o, mixes)
+        if not seconds > 0:
+            raise ValueError(f"the cost model prices a pass of {decodes} decodes and {prefill} prompt tokens at "
+                             f"{seconds:.3g} s: no capacity can be estimated from it")
+        rate += decodes / o / seconds
     return rate
+
+
+def _pass_seconds(cost, decodes: int, prefill: int, chunks: int, p: float, o: float, mixes: bool) -> float:
+    """Predicted seconds of ``decodes`` decodes halfway through their outputs and ``prefill`` prompt tokens as
+    ``chunks`` equal chunks, each halfway through what is left of its prompt: one pass, or two where the scheduler
+    does not mix them."""
+    sizes = [prefill // chunks + (i < prefill % chunks) for i in range(chunks)]
+    decode = BatchPlan(num_new_tokens=[1] * decodes, start_positions=[p + o / 2 - 1] * decodes,
+                       samples=[True] * decodes, num_decodes=decodes, num_prefill_tokens=0)
+    prompts = BatchPlan(num_new_tokens=sizes, start_positions=[max(0.0, (p - size) / 2) for size in sizes],
+                        samples=[prefill >= round(p)] * chunks, num_decodes=0, num_prefill_tokens=prefill)
+    passes = [_joined(decode, prompts)] if mixes else [decode, prompts]
+    return sum(cost.predict(plan_features(plan)) for plan in passes)
 
 
 def _joined(decode: BatchPlan, prompts: BatchPlan) -> BatchPlan:

@@ -26,3 +26,19 @@ def test_the_capacity_estimate_is_near_the_simulated_saturation_rate(scheduler, 
     result = simulate(run.workload(3 * estimate), config, seed=0, workload_seed=run.seed)
     simulated = steady_throughput(result.columns["finish"], concurrency)
     assert estimate == pytest.approx(simulated, rel=0.1)
+
+
+def test_a_cost_model_that_prices_many_prompts_below_zero_still_gets_an_estimate():
+    """A model fitted on a few small passes (as a CPU sweep of the tiny model is) can price a pass of many short
+    prompts at <= 0 s: the guess then prices the prompt tokens as one chunk, and says so where even that fails."""
+    from engine.policy import PolicyConfig
+    from sim.costs import LinearCost
+    from sim.workload import Workload
+
+    workload = Workload(prompt="fixed:24", output="fixed:5")
+    # 132 decodes and 634 prompt tokens: 27 chunks make 159 sequences (< 0 s), one chunk 133 (> 0 s)
+    cost = LinearCost(base=1e-3, per_token=2e-6, per_seq=-1.75e-5, num_kv_blocks=256)
+    rate = estimate_capacity(ClusterConfig(cost, 1, PolicyConfig()), workload)
+    assert rate == pytest.approx(132 / 5 / (1e-3 + 766 * 2e-6 - 133 * 1.75e-5))
+    with pytest.raises(ValueError, match="no capacity can be estimated"):
+        estimate_capacity(ClusterConfig(LinearCost(base=-1.0, per_token=0.0), 1, PolicyConfig()), workload)
