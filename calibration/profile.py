@@ -66,7 +66,7 @@ class Profile:
         work until the next step."""
         serving = self.serving
         return (serving.path_scale[self.model.path(f)] * self.model.predict(f)
-                + serving.loop_seconds(f.num_samples))
+                + serving.loop_seconds(f.num_samples) + serving.spread_seconds(f))
 
     def admission_seconds(self, prompt_tokens, uniforms):
         """From a client's send until the engine has the request, per prompt length and uniform draw (0 without a

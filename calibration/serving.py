@@ -14,6 +14,11 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   quantiles. The distribution comes from requests sent to a lightly loaded server (the warm-up's closed-loop
   clients, ``light``): under a flood of three times the saturation rate the API process's backlog doubles the mean,
   a state no load below saturation reaches, where a few milliseconds matter to TTFT;
+- decode steps over contexts of very different lengths: ``decode_spread_s`` x ``decode_spread_tokens``, the
+  tokens by which the longest context exceeds twice the mean. A decode batch's attention runs a program per sequence
+  and KV head without splitting long contexts, so the step waits on its longest one; the sweep's decode batches all
+  share one context and cannot show it. Fitted on the decode-only passes that have such a spread (heavy-tailed
+  length mixes), by least squares on what the path's scale leaves; 0 where the runs have none;
 - delivery, from the end of the pass that made a token until the client has it (the pipe, detokenizing, the
   stream): ``delivery_q`` (its median alone: a fresh draw per pass would add gaps between one stream's tokens that
   they do not have) plus ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes
@@ -28,8 +33,20 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PATHS = ("decode-graph", "mixed-graph", "eager")
-NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s")
+NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s")
 QUANTILES = 64  # points kept of each measured delay distribution
+# Below twice the mean, the longest decode context costs nothing the sum of contexts does not already price: on a
+# heavy-tailed chat mix (calibration/VALIDATION.md, twelfth round) steps under 1.7 times the mean were on the model.
+SPREAD_KNEE = 2.0
+
+
+def decode_spread_tokens(decode_tokens: int, prefill_tokens: int, decode_context: int,
+                         decode_max_context: int) -> float:
+    """Tokens by which a decode-only pass's longest context exceeds ``SPREAD_KNEE`` times the mean (0 for a pass
+    with prompt tokens, or whose longest context is not known: 0)."""
+    if not decode_tokens or prefill_tokens:
+        return 0.0
+    return max(0.0, decode_max_context - SPREAD_KNEE * decode_context / decode_tokens)
 
 
 def _check(name: str, value, low: float = 0.0) -> float:
@@ -54,10 +71,11 @@ class ServingModel:
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
                  path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None,
-                 delivery_per_sample_s: float = 0.0) -> None:
+                 delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.admission_per_token_s = _check("admission_per_token_s", admission_per_token_s)
         self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
+        self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
@@ -71,6 +89,14 @@ class ServingModel:
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
         return self.per_pass_s + self.per_sample_s * num_samples
+
+    def spread_seconds(self, f) -> float:
+        """What a decode-only pass with features ``f`` takes beyond the path's scaled prediction, for the spread of
+        its contexts."""
+        if not self.decode_spread_s:
+            return 0.0
+        return self.decode_spread_s * decode_spread_tokens(f.decode_tokens, f.prefill_tokens, f.decode_context,
+                                                           f.decode_max_context)
 
     def admission_seconds(self, prompt_tokens: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
         """From the client's send until the engine process has the request, for each prompt length and uniform
@@ -123,8 +149,9 @@ def _distribution(values: np.ndarray) -> list[float]:
 
 def fit_serving(passes, requests, source: Mapping | None = None, min_count: int = 10) -> ServingModel:
     """A ``ServingModel`` from served measurements. ``passes``: rows (mappings or a DataFrame) with ``path``,
-    ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples`` and ``serving_s``
-    (the loop's work before the next step; NaN where the engine then idled). ``requests``: rows with
+    ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples``, ``serving_s``
+    (the loop's work before the next step; NaN where the engine then idled) and optionally ``spread_tokens``
+    (``decode_spread_tokens``; 0 where missing). ``requests``: rows with
     ``prompt_tokens``, ``admission_s``, ``delivery_s`` and ``num_samples`` (sampled entries of the pass that made the
     delivered token), and optionally ``light`` (sent to a lightly loaded server; NaN delivery). Admission's growth
     with prompt length (from the other rows, an open-loop flood's), and delivery's with the pass's sampled entries,
@@ -133,16 +160,19 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     intercept."""
     import pandas as pd
 
-    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s"])
+    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens"])
+    passes["spread_tokens"] = passes["spread_tokens"].fillna(0.0)
     requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples", "light"])
     light = requests.pop("light").eq(True).to_numpy()
     scale, scale_fit = {}, {}
-    for path, part in passes.groupby("path"):
+    # the scale describes the passes the swept model covers: decode steps with a spread of contexts are priced apart
+    for path, part in passes[passes["spread_tokens"] == 0].groupby("path"):
         (ratio,) = _finite(part["pass_s"] / part["model_s"])
         if len(ratio) >= min_count:
             scale[path] = float(np.median(ratio))
             scale_fit[path] = {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)),
                                "p90": float(np.percentile(ratio, 90))}
+    spread_s, spread_fit = _spread(passes, scale, min_count)
     samples, serving = _finite(passes["num_samples"], passes["serving_s"])
     prompts, admission = _finite(requests["prompt_tokens"][~light], requests["admission_s"][~light])
     light_prompts, light_admission = _finite(requests["prompt_tokens"][light], requests["admission_s"][light])
@@ -159,7 +189,7 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
         flood, prompts, admission = admission, light_prompts, light_admission
     left = admission - per_token * prompts
     delivery_base, delivery_per_sample, delivery_fit = _line(*_bin_medians(sampled, delivery), "delivery")
-    fit = {"path_scale": scale_fit, "loop": loop_fit,
+    fit = {"path_scale": scale_fit, "decode_spread": spread_fit, "loop": loop_fit,
            "admission": {"n": int(len(admission)), "source": admitted_by, "p50_s": float(np.median(admission)),
                          "mean_s": float(admission.mean()), "p90_s": float(np.percentile(admission, 90)),
                          **({"overload_mean_s": float(flood.mean())} if admitted_by == "light load" else {})},
@@ -168,7 +198,20 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                         "samples_range": delivery_fit["x_range"]},
            **(source or {})}
     return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
-                        delivery_per_sample)
+                        delivery_per_sample, spread_s)
+
+
+def _spread(passes, scale: Mapping[str, float], min_count: int) -> tuple[float, dict]:
+    """``decode_spread_s``: least squares through 0 of what each path's scale leaves of the decode-only passes with a
+    spread of contexts, against their spread (0 with fewer than ``min_count`` such passes); and its fit summary."""
+    spread = passes["spread_tokens"].to_numpy(dtype=float)
+    left = passes["pass_s"] - passes["path"].map(lambda p: scale.get(p, 1.0)) * passes["model_s"]
+    x, y = _finite(spread[spread > 0], left.to_numpy(dtype=float)[spread > 0])
+    if len(x) < min_count:
+        return 0.0, {"n": int(len(x)), "knee": SPREAD_KNEE}
+    per_token = max(0.0, float(x @ y / (x @ x)))
+    return per_token, {"n": int(len(x)), "knee": SPREAD_KNEE, "spread_range": [float(x.min()), float(x.max())],
+                       "median_abs_residual_s": float(np.median(np.abs(y - per_token * x)))}
 
 
 def _bin_medians(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

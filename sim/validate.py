@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.serving import decode_spread_tokens
 from engine.policy import PassFeatures, PolicyConfig
 from engine.policy.options import config_flags
 from sim.bench import Record, make_prompts, run_spread, to_result
@@ -246,6 +247,24 @@ def read_traces(paths: list[Path]) -> tuple[list[list[dict]], dict[str, dict]]:
     return passes, requests
 
 
+def fill_decode_max_context(passes: list[list[dict]], requests: dict[str, dict], prompt_tokens: dict[str, int]) -> None:
+    """Give each traced pass without ``decode_max_context`` (traces before the engine recorded it) its longest
+    decode context, rebuilt from the requests' token times: the pass that made a request's token k >= 1 decoded it
+    over prompt + k tokens. Left out (0: not known) where the pass's decodes are not all among ``requests`` with a
+    known prompt length (``prompt_tokens``, by response id)."""
+    contexts: dict[float, list[int]] = {}
+    for request_id, row in requests.items():
+        prompt = prompt_tokens.get(request_id)
+        if prompt is not None:
+            for k, t in enumerate(row["token_times"][1:], start=1):
+                contexts.setdefault(t, []).append(prompt + k)
+    for engine_passes in passes:
+        for p in engine_passes:
+            if "decode_max_context" not in p:
+                found = contexts.get(p["end"], []) if p["decode_tokens"] else []
+                p["decode_max_context"] = max(found) if found and len(found) == p["decode_tokens"] else 0
+
+
 # -- one cell ------------------------------------------------------------------------------------------------
 @dataclass
 class Measured:
@@ -353,7 +372,8 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     for replica, engine_passes in enumerate(passes):
         run_start, run_predicted, run_passes = None, 0.0, 0  # the passes since the last that waited for the GPU
         for i, p in enumerate(engine_passes):
-            predicted = cost.predict(PassFeatures.from_mapping(p))
+            features = PassFeatures.from_mapping(p)
+            predicted = cost.predict(features)
             following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
             busy = following is not None and following - p["sent"] < 1e-3
             unsynced = p["num_samples"] == 0 and busy
@@ -362,7 +382,7 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
                 run_start, run_predicted, run_passes = start, run_predicted + predicted, run_passes + 1
             if lo <= p["start"] <= hi:
                 rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
-                             "num_outputs": p["num_outputs"], **{f: p[f] for f in PassFeatures._fields},
+                             "num_outputs": p["num_outputs"], **features._asdict(),
                              "passes": 0 if unsynced else run_passes + 1,
                              "pass_s": float("nan") if unsynced else p["updated"] - start,
                              "loop_s": following - start if busy and not unsynced else float("nan"),
@@ -527,9 +547,10 @@ def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple
     run was cut short before its servers wrote their traces: the client's view is all there is})."""
     meta_file = directory / "meta.json"
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {"note": "cut short: no meta.json"}
-    runs, traces = [], {}
+    runs, traces, prompt_tokens = [], {}, {}
     for line in (directory / "measured.jsonl").read_text().splitlines():
         row = json.loads(line)
+        prompt_tokens.update((r["response_id"], r["prompt_tokens"]) for r in row["records"])
         if row.get("role", "cell") != role:
             continue
         m = Measured(Cell(**row["cell"]), row["rate"], [Record(**r) for r in row["records"]], row["t0"],
@@ -538,6 +559,9 @@ def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple
         if row["server"] not in traces:
             paths = trace_files(directory, row["server"], m.cell.replicas)
             traces[row["server"]] = read_traces(paths) if all(p.exists() for p in paths) else None
+    for trace in traces.values():
+        if trace is not None:
+            fill_decode_max_context(*trace, prompt_tokens)
     return meta, runs, traces
 
 
@@ -560,7 +584,9 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
         trace_passes, trace_requests = traces[name]
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
-                           "num_samples": p["num_samples"], "serving_s": p["serving_s"]})
+                           "num_samples": p["num_samples"], "serving_s": p["serving_s"],
+                           "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["prefill_tokens"],
+                                                                 p["decode_context"], p["decode_max_context"])})
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start
             requests += [{"id": r.id, "prompt_tokens": r.prompt_tokens, "light": True,
                           "admission_s": trace_requests[r.response_id]["received"] - m.t0 - r.arrival,

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from calibration.serving import ServingModel, fit_serving
-from engine.policy import PolicyConfig
+from calibration.profile import load_profile
+from calibration.serving import ServingModel, decode_spread_tokens, fit_serving
+from engine.policy import BatchPlan, PolicyConfig, plan_features
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost
 from sim.workload import RequestTable
@@ -58,6 +59,38 @@ def test_admission_is_drawn_as_a_lightly_loaded_server_takes_requests():
     few = {k: v[: len(flood["prompt_tokens"]) + 5] for k, v in both.items()}
     s = fit_serving(passes, few)
     assert s.fit["admission"]["source"] == "overload" and np.mean(s.admission_q) > 3e-3
+
+
+def test_a_decode_step_pays_for_its_longest_context_beyond_twice_the_mean():
+    """Decode steps whose longest context exceeds twice the mean take 0.8 us a token more: the fit finds it on
+    those passes alone, leaves the path's scale to the rest, and a section charges it only to such decode steps."""
+    passes, requests = synthetic()
+    rng = np.random.default_rng(2)
+    n = len(passes["pass_s"])
+    spread = np.where(rng.random(n) < 0.3, rng.uniform(100, 3000, n), 0.0)
+    passes = {**passes, "spread_tokens": spread, "pass_s": passes["pass_s"] + 8e-7 * spread}
+    s = fit_serving(passes, requests)
+    assert s.decode_spread_s == pytest.approx(8e-7, rel=0.02)
+    assert s.path_scale["decode-graph"] == pytest.approx(1.05, rel=0.01)
+    assert ServingModel.from_dict(s.to_dict()).decode_spread_s == s.decode_spread_s
+    assert fit_serving(synthetic()[0], requests).decode_spread_s == 0  # no spread in the runs: no term
+
+    def features(contexts, chunk=0):
+        plan = BatchPlan(num_new_tokens=[1] * len(contexts) + ([chunk] if chunk else []),
+                         start_positions=[c - 1 for c in contexts] + ([0] if chunk else []),
+                         samples=[True] * (len(contexts) + bool(chunk)), num_decodes=len(contexts),
+                         num_prefill_tokens=chunk)
+        return plan_features(plan)
+
+    skewed, even = features([100] * 7 + [3000]), features([462] * 4 + [463] * 4)
+    assert skewed.decode_max_context == 3000 and even.decode_max_context == 463
+    assert skewed.decode_context == even.decode_context == 3700
+    assert s.spread_seconds(skewed) == pytest.approx(s.decode_spread_s * (3000 - 2 * 3700 / 8))
+    assert s.spread_seconds(even) == 0 and s.spread_seconds(features([100] * 7 + [3000], chunk=64)) == 0
+    assert decode_spread_tokens(0, 64, 0, 0) == 0
+    profile = load_profile("llama-2-7b-h200").with_serving(s)  # the simulator's replicas ask the profile
+    unknown = skewed._replace(decode_max_context=0)  # older records: not known, no charge
+    assert profile.predict(skewed) - profile.predict(unknown) == pytest.approx(s.spread_seconds(skewed))
 
 
 def test_one_pass_size_fits_the_level_alone():

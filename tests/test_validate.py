@@ -24,6 +24,7 @@ from sim.validate import (  # noqa: E402
     Cell,
     Measured,
     cell_passes,
+    fill_decode_max_context,
     load_measured,
     make_cells,
     overload_requests,
@@ -95,6 +96,17 @@ def test_passes_are_traced_with_predictions(run):
     assert len(busy) and (busy.loop_s >= busy.pass_s).all() and (busy.serving_s > 0).all()
     # every token of the 20 measured requests (5 each) came from a traced pass's sampled entries
     assert passes.num_samples.sum() >= 20 * 5
+
+
+def test_an_older_traces_passes_get_their_longest_decode_context_from_the_requests():
+    """A pass that made token k >= 1 of a request decoded over prompt + k tokens; a pass some of whose decodes are
+    not among the known requests stays unknown (0), and a recorded value is kept."""
+    passes = [[{"end": 1.0, "decode_tokens": 0}, {"end": 2.0, "decode_tokens": 2}, {"end": 3.0, "decode_tokens": 2},
+               {"end": 4.0, "decode_tokens": 1, "decode_max_context": 7}]]
+    requests = {"a": {"token_times": [1.0, 2.0, 3.0]}, "b": {"token_times": [1.0, 2.0]},
+                "c": {"token_times": [2.5, 3.0]}}
+    fill_decode_max_context(passes, requests, {"a": 100, "b": 40})
+    assert [p["decode_max_context"] for p in passes[0]] == [0, 101, 0, 7]
 
 
 def test_a_pass_that_samples_nothing_is_timed_with_the_next_that_does():

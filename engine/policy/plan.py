@@ -59,11 +59,16 @@ class PassFeatures(NamedTuple):
     decode_context: int  # sum over decodes of their context (tokens attended), for KV bytes read
     prefill_attention: int  # sum over prompt chunks of new tokens x context, for attention FLOPs
     num_samples: int  # entries that sample a token: each becomes an output the serving loop hands out
+    # the longest decode context: a decode step's attention waits on it (0: not known, as in older records)
+    decode_max_context: int = 0
 
     @classmethod
     def from_mapping(cls, values) -> PassFeatures:
-        """The features held under their names in ``values`` (e.g. a profile's measured point, which has more)."""
-        return cls._make(values[name] for name in cls._fields)
+        """The features held under their names in ``values`` (e.g. a profile's measured point, which has more);
+        those with a default may be missing."""
+        defaults = cls._field_defaults
+        return cls._make(values[name] if name in values or name not in defaults else defaults[name]
+                         for name in cls._fields)
 
 
 def plan_features(plan) -> PassFeatures:
@@ -76,11 +81,13 @@ def plan_features(plan) -> PassFeatures:
     for i in range(d, num_seqs):
         n = new[i]
         prefill_attention += n * (starts[i] + n)
+    decode_starts = starts[:d] if d < num_seqs else starts
     # tuple.__new__ directly: a NamedTuple's own constructor is a Python function, a cost on the simulator's
     # hot path
     return _new_tuple(PassFeatures, (d + prefill_tokens, prefill_tokens, d, num_seqs, num_seqs - d,
-                                     sum(starts[:d] if d < num_seqs else starts) + d, prefill_attention,
-                                     d + sum(samples[d:]) if d < num_seqs else d))
+                                     sum(decode_starts) + d, prefill_attention,
+                                     d + sum(samples[d:]) if d < num_seqs else d,
+                                     max(decode_starts) + 1 if d else 0))
 
 
 _new_tuple = tuple.__new__
