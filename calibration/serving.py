@@ -42,8 +42,8 @@ SPREAD_KNEE = 2.0
 
 def decode_spread_tokens(decode_tokens: int, prefill_tokens: int, decode_context: int,
                          decode_max_context: int) -> float:
-    """Tokens by which a decode-only pass's longest context exceeds ``SPREAD_KNEE`` times the mean (0 for a pass
-    with prompt tokens, or whose longest context is not known: 0)."""
+    """Tokens by which a decode-only pass's longest context exceeds ``SPREAD_KNEE`` times the mean; 0 for a pass
+    with prompt tokens, and for one whose longest context is not known (``decode_max_context`` 0)."""
     if not decode_tokens or prefill_tokens:
         return 0.0
     return max(0.0, decode_max_context - SPREAD_KNEE * decode_context / decode_tokens)

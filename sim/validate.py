@@ -421,8 +421,8 @@ def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, ow
 
 
 def first_requests(cell: Cell, processes: int) -> int:
-    """How many of a measured cell's rows each client sent first: one per closed-loop client, else one per client
-    process (process p sends rows p, p + processes, ...)."""
+    """How many of a measured cell's first rows were each some client's first request: one per closed-loop client,
+    else one per client process (process p sends rows p, p + processes, ...)."""
     return cell.clients if cell.clients else min(processes, cell.num_requests)
 
 
