@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from calibration.plans import KV_LAYOUTS
+from calibration.plans import KV_LAYOUTS, SWEEP_KINDS
 
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 
@@ -107,6 +107,9 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--refit", "refit_path", metavar="FILE|NAME",
               help="Fit a profile again from its own points with this code into --out, keeping its meta, serving and "
                    "energy sections (after a change to the fitting; no GPU).")
+@click.option("--add-points", "add_points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="With --refit: fit the profile's points together with this points file, measured on the same card "
+                   "(for instance one sweep kind re-measured with --only), recording it in the profile's meta.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="With --check: also write the profile's figures here (one offline HTML file; a PNG per figure "
                    "where kaleido finds a Chrome or Chromium).")
@@ -127,10 +130,14 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
               help="Also this many mixed passes per mixed-graph bucket, as SplitFuse serves them (any decode count, "
                    "chunks at any prefix). Off by default: the mixed model does not fit them well yet "
                    "(calibration/README.md).")
+@click.option("--only", type=click.Choice(SWEEP_KINDS), multiple=True,
+              help="Measure only passes of this sweep kind (repeatable); for instance eager-mixed, the SplitFuse "
+                   "passes of budgets over 1,024 tokens, to add to a profile with --refit ... --add-points.")
 @click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def profile(model, dtype, out, check_path, from_points, refit_path, plot_dir, time_budget, rounds, max_points, device,
-            block_size, gpu_memory_utilization, seed, energy_seconds, kv_layout, mixed_per_bucket, no_fit, no_progress):
+def profile(model, dtype, out, check_path, from_points, refit_path, add_points, plot_dir, time_budget, rounds,
+            max_points, device, block_size, gpu_memory_utilization, seed, energy_seconds, kv_layout, mixed_per_bucket,
+            only, no_fit, no_progress):
     """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points) or a profile
     (--refit), or --check FILE."""
     from calibration.profile import load_profile
@@ -151,15 +158,18 @@ def profile(model, dtype, out, check_path, from_points, refit_path, plot_dir, ti
         return
     if plot_dir:
         raise click.UsageError("--plot goes with --check")
+    if add_points and not refit_path:
+        raise click.UsageError("--add-points goes with --refit")
     if out is None:
         raise click.UsageError("--out FILE is required (or use --check FILE)")
     if refit_path:
         if model or from_points:
             raise click.UsageError("--refit takes only a profile and --out; drop --model/--from-points")
         from calibration.fitting import refit
+        from calibration.sweep import read_points
 
         try:
-            prof = refit(load_profile(refit_path))
+            prof = refit(load_profile(refit_path), read_points(add_points) if add_points else None)
             prof.save(out)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
@@ -193,7 +203,8 @@ def profile(model, dtype, out, check_path, from_points, refit_path, plot_dir, ti
         header, points = run_sweep(model, dtype, points_path, device=device, seed=seed, block_size=block_size,
                                    gpu_memory_utilization=gpu_memory_utilization, time_budget_s=time_budget,
                                    max_points=max_points, progress=not no_progress, rounds=rounds,
-                                   energy_s=energy_seconds, kv_layout=kv_layout, mixed_per_bucket=mixed_per_bucket)
+                                   energy_s=energy_seconds, kv_layout=kv_layout, mixed_per_bucket=mixed_per_bucket,
+                                   only=only)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(points)} points in {points_path}")

@@ -173,18 +173,49 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
                    noise=noise_ratios(points, target=target), fit=fit, energy=energy_from_points(train, held, meta))
 
 
-def refit(profile: Profile) -> Profile:
+# What a points file added to a profile must share with it: the same model, precision and card, measured as the
+# profile's points were (KV block size, context length, mixed-graph buckets, KV layout: fresh where unnamed).
+SAME_MEASUREMENT = ("model", "dtype", "card", "block_size", "max_model_len", "mixed_graph_buckets", "kv_layout")
+
+
+def refit(profile: Profile, added: tuple[Mapping | None, Sequence[Mapping]] | None = None) -> Profile:
     """``profile`` fitted again from its own points with this code (its split seed, held-out share and target),
     keeping what the points do not hold: meta, serving and energy sections. A serving section was fitted against
-    the old cost model; ``splitfuse validate --from ... --fit-serving`` refits it from the runs it names."""
+    the old cost model; ``splitfuse validate --from ... --fit-serving`` refits it from the runs it names.
+
+    ``added``: (header, points) of a points file (``calibration.sweep.read_points``) to fit together with the
+    profile's own, measured on the same card (``SAME_MEASUREMENT``); passes the profile already holds (same key)
+    are an error. They come after the profile's points, so the held-out draw of each sweep kind the profile holds
+    stays as it was where they are of new kinds; ``meta["added_points"]`` records each such file."""
     if len(profile.points) < 10:
         raise ValueError(f"{profile.source or 'the profile'} holds {len(profile.points)} points: nothing to refit")
-    fit = profile.fit
+    fit, meta = profile.fit, dict(profile.meta)
     points = [{k: v for k, v in p.items() if k != "split"} for p in profile.points]
-    fresh = build_profile(points, profile.meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len,
+    if added is not None:
+        header, extra = added
+        if header is None or not extra:
+            raise ValueError("the added points file has no header or no points: not a points file of "
+                             "`splitfuse profile`")
+        for key in SAME_MEASUREMENT:
+            theirs, ours = (header.get(key, "fresh"), meta.get(key, "fresh")) if key == "kv_layout" else \
+                (header.get(key), meta.get(key))
+            if theirs != ours:
+                raise ValueError(f"the added points were measured with {key} {theirs!r}, the profile's with "
+                                 f"{ours!r}: fit them only with points of the same measurement")
+        held = {p["key"] for p in points}
+        again = [p["key"] for p in extra if p["key"] in held]
+        if again:
+            raise ValueError(f"the added points repeat {len(again)} of the profile's passes (first {again[0]}); "
+                             "measure them again as rounds of the profile's own points file instead")
+        points += [dict(p) for p in extra]
+        kinds = sorted({p.get("sweep", "all") for p in extra})
+        meta["added_points"] = [*meta.get("added_points", []),
+                                f"{len(extra)} points ({', '.join(kinds)}) measured on {header.get('card')}, "
+                                f"{header.get('date')}, commit {header.get('git_commit')}"]
+    fresh = build_profile(points, meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len,
                           heldout_frac=fit.get("heldout_frac", 0.2), seed=fit.get("seed", 0),
                           target=fit.get("target", TARGET))
-    return Profile(profile.meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len, fresh.model,
+    return Profile(meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len, fresh.model,
                    points=fresh.points, noise=fresh.noise, fit=fresh.fit, serving=profile.serving,
                    energy=profile.energy)
 

@@ -25,6 +25,9 @@ DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
 MIXED_BUDGETS = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 # Sweeps replayed for their time only: their ~900 passes add nothing to the energy fit that the grids lack.
 TIME_ONLY_SWEEPS = ("decode-table", "mixed-graph")
+# The sweep kinds a pass belongs to (``PassSpec.sweep``); "eager-mixed" are the SplitFuse passes of budgets over
+# the largest mixed-graph bucket, which the engine runs eagerly, and "mixed-graph" exists only with ``per_bucket``.
+SWEEP_KINDS = ("prefill", "decode", "mixed", "eager-mixed", "decode-table", "mixed-graph")
 KV_LAYOUTS = ("fresh", "aged")  # how a pass's KV blocks lie: handed out in order, or as age_kv_cache leaves them
 
 
@@ -94,8 +97,9 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
     batches as a server forms them (any size, contexts spread around a mean: a served batch mixes lengths, and
     a partly filled graph bucket costs otherwise than a full one), and the decode table's batches
     (``decode_table_specs``, ``table_per_size`` per batch size; 0: none). Mixed passes draw their decode count
-    log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills; with the
-    engine's ``mixed_buckets`` and ``per_bucket`` > 0, that many more per bucket (``mixed_graph_specs``)."""
+    log-uniformly, so batches of a few decodes are measured as often as those the KV cache fills; those of budgets
+    over the engine's largest ``mixed_buckets`` run eagerly and are of kind "eager-mixed". With ``per_bucket`` > 0,
+    that many more per mixed-graph bucket (``mixed_graph_specs``)."""
     rng = np.random.default_rng(seed)
     specs: list[PassSpec] = []
     for t in prefill_sizes(rng=rng):  # (a) pure prefill; split into sequences the context can hold
@@ -117,8 +121,9 @@ def sweep_specs(max_model_len: int, num_kv_blocks: int, block_size: int, seed: i
         if contexts:
             specs.append(PassSpec("decode", decode_contexts=contexts))
     for budget in MIXED_BUDGETS:  # (c) SplitFuse: decodes fill part of the budget, chunks the rest
+        kind = "eager-mixed" if mixed_buckets and budget > mixed_buckets[-1] else "mixed"
         for _ in range(mixed_per_budget):
-            specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size, max_num_seqs))
+            specs.append(_mixed_spec(rng, budget, top, kv_tokens, block_size, max_num_seqs, kind))
     if table_per_size:
         specs += decode_table_specs(max_model_len, num_kv_blocks, block_size, seed, min(max_num_seqs, 256),
                                     table_per_size)
@@ -188,7 +193,7 @@ def mixed_graph_specs(max_model_len: int, num_kv_blocks: int, block_size: int, b
 
 
 def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int, block_size: int,
-                max_num_seqs: int) -> PassSpec:
+                max_num_seqs: int, sweep: str = "mixed") -> PassSpec:
     """1-3 chunks on cached prefixes, beside a log-uniform count of decodes (0 up to 90% of the budget, and no
     more sequences than a batch takes) at contexts spread around a random mean, as many as the KV cache holds."""
     wanted = min(_log_uniform_int(rng, 1, int(0.9 * budget) + 1) - 1, max_num_seqs - 3)
@@ -205,7 +210,7 @@ def _mixed_spec(rng: np.random.Generator, budget: int, top: int, kv_tokens: int,
         chunks.append((prefix, n, remaining))
     allowance = kv_tokens - sum(p + n + block_size for p, n, _ in chunks)
     contexts = _spread_contexts(rng, wanted, 4096, top, allowance, block_size) if wanted else ()
-    return PassSpec("mixed", decode_contexts=contexts, chunks=tuple(chunks))
+    return PassSpec(sweep, decode_contexts=contexts, chunks=tuple(chunks))
 
 
 def _log_uniform_int(rng: np.random.Generator, low: int, high: int) -> int:

@@ -23,7 +23,7 @@ from calibration.plans import PassSpec
 from calibration.profile import point_features
 from engine.policy import PassFeatures, plan_features
 
-SWEEP_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "mixed": "#2ca02c"}
+SWEEP_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "mixed": "#2ca02c", "eager-mixed": "#9467bd"}
 CONTEXTS = (128, 512, 2048, 8192)  # decode model curves
 DECODE_BATCHES = (1, 16, 64, 256)
 MAX_LOG2_BATCH = 9  # the decode colour bar runs from batch 1 to 512
@@ -97,7 +97,7 @@ def _point_groups(profile):
     split = np.array([p.get("split", "train") for p in pts])
     context = np.array([p["decode_context"] / max(p["num_seqs"], 1) for p in pts])
     nearest = 2.0 ** np.round(np.log2(np.maximum(context, 1)))
-    for kind in ("prefill", "mixed", "decode"):
+    for kind in ("prefill", "mixed", "eager-mixed", "decode"):
         for part, symbol in (("train", "circle"), ("heldout", "diamond-open")):
             mask = (sweep == kind) & (split == part)
             if kind != "decode":

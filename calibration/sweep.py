@@ -19,6 +19,7 @@ import math
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -259,9 +260,11 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
               block_size: int = 16, gpu_memory_utilization: float = 0.9, time_budget_s: float | None = None,
               max_points: int | None = None, progress: bool = True,
               specs: list[plans.PassSpec] | None = None, rounds: int = 1,
-              energy_s: float = 0.25, kv_layout: str = "fresh", mixed_per_bucket: int = 0) -> tuple[dict, list[dict]]:
-    """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given) not yet in ``points_path``, until
-    the time budget, until each is measured ``rounds`` times; returns (meta, all points). ``energy_s`` > 0: also
+              energy_s: float = 0.25, kv_layout: str = "fresh", mixed_per_bucket: int = 0,
+              only: Sequence[str] = ()) -> tuple[dict, list[dict]]:
+    """Measure every pass (``plans.sweep_specs`` unless ``specs`` is given; of the sweep kinds in ``only`` where
+    it names some) not yet in ``points_path``, until the time budget, until each is measured ``rounds`` times;
+    returns (meta, all points). ``energy_s`` > 0: also
     each pass's energy where NVML answers (``pass_energy``; 0 measures none). ``kv_layout``: "fresh" (each pass's
     blocks handed out in order) or "aged" (scattered as a long-running server leaves them, ``plans.age_kv_cache``).
     ``mixed_per_bucket``: passes per mixed-graph bucket of ``plans.mixed_graph_specs`` in the default specs."""
@@ -271,6 +274,9 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if kv_layout not in plans.KV_LAYOUTS:
         raise ValueError(f"unknown KV layout {kv_layout!r}; choose one of {', '.join(plans.KV_LAYOUTS)}")
+    unknown = [k for k in only if k not in plans.SWEEP_KINDS]
+    if unknown:
+        raise ValueError(f"unknown sweep kind {unknown[0]!r}; kinds are {', '.join(plans.SWEEP_KINDS)}")
     points_path = Path(points_path)
     header, done = read_points(points_path)
     if header is not None and (header["model"], header["dtype"]) != (model, dtype):
@@ -305,6 +311,11 @@ def run_sweep(model: str, dtype: str, points_path: Path, *, device: str = "cuda"
         specs = plans.sweep_specs(llm.max_model_len, llm.num_kv_blocks, llm.block_size, seed=seed,
                                   max_num_seqs=MAX_NUM_SEQS, mixed_buckets=mixed_graph_buckets(llm),
                                   per_bucket=mixed_per_bucket)
+    if only:
+        specs = [s for s in specs if s.sweep in only]
+        if not specs:
+            raise ValueError(f"no pass of kind {', '.join(only)} in this sweep (mixed-graph needs --mixed-per-bucket, "
+                             "eager-mixed an engine with mixed graphs)")
     if max_points is not None:
         specs = specs[:max_points]
     count = {p["key"]: p["rounds"] for p in done}

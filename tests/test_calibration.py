@@ -387,6 +387,24 @@ def test_mixed_graph_sweep_covers_every_bucket_and_decode_count():
         assert plan_features(plan) == plan_features(spec)
 
 
+def test_mixed_passes_over_the_largest_bucket_are_their_own_sweep_kind():
+    """The engine runs SplitFuse passes of budgets over its largest mixed-graph bucket eagerly: with the engine's
+    buckets they are of kind "eager-mixed" (which ``profile --only eager-mixed`` measures alone), each with any count
+    of decodes; the passes themselves are those of a sweep without buckets."""
+    buckets = [16, 32, 64, 128, 256, 512, 768, 1024]
+    graphed = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0, mixed_buckets=buckets)
+    plain = plans.sweep_specs(4096, 14000, 16, seed=0, table_per_size=0)
+    eager = [s for s in graphed if s.sweep == "eager-mixed"]
+    assert len(eager) == 16 * sum(b > 1024 for b in plans.MIXED_BUDGETS)
+    assert all(s.num_tokens > 1024 for s in eager)
+    assert all(s.num_tokens <= 1024 for s in graphed if s.sweep == "mixed")
+    assert not [s for s in plain if s.sweep == "eager-mixed"]
+    shape = lambda specs: sorted((s.decode_contexts, s.chunks) for s in specs if "mixed" in s.sweep)  # noqa: E731
+    assert shape(graphed) == shape(plain)
+    decodes = np.array([s.num_decodes for s in eager])
+    assert decodes.min() <= 8 and decodes.max() >= 128 and (decodes < 96).mean() > 0.5
+
+
 def test_a_specs_features_are_those_of_its_plan():
     """Calibration fits on ``plan_features(spec)``; the simulator predicts from ``plan_features(plan)`` of the
     plan ``build_plan`` makes from that spec (the same function on both)."""

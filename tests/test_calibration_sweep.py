@@ -61,6 +61,19 @@ def test_sweep_measures_resumes_and_refits(tmp_path):
     assert result.exit_code == 0 and "held-out" in result.output, result.output
 
 
+def test_only_measures_the_named_sweep_kinds(tmp_path):
+    """``--only``: a sweep of one kind of pass, as when one kind is re-measured to add to a profile; a kind this
+    engine's sweep does not make (eager-mixed without mixed graphs) is an error, not an empty points file."""
+    _, points = run_sweep("tiny-llama", "fp32", tmp_path / "p.points.jsonl", device="cpu", progress=False,
+                          only=("decode",), max_points=3)
+    assert len(points) == 3 and {p["sweep"] for p in points} == {"decode"}
+    with pytest.raises(ValueError, match="no pass of kind eager-mixed"):
+        run_sweep("tiny-llama", "fp32", tmp_path / "q.points.jsonl", device="cpu", progress=False,
+                  only=("eager-mixed",))
+    with pytest.raises(ValueError, match="unknown sweep kind 'eager'"):
+        run_sweep("tiny-llama", "fp32", tmp_path / "q.points.jsonl", device="cpu", only=("eager",))
+
+
 def test_measure_records_the_graph_path_and_its_padded_tokens():
     from types import SimpleNamespace
 
@@ -130,6 +143,7 @@ def test_resume_refuses_other_model(tmp_path):
     (["--check", "llama-2-7b", "--model", "tiny-llama"], "--check takes only"),
     (["--plot", "d", "--model", "tiny-llama", "--out", "x.json"], "--plot goes with --check"),
     (["--model", "tiny-llama", "--out", "x.json", "--time-budget", "0"], "time-budget"),
+    (["--model", "tiny-llama", "--out", "x.json", "--only", "eager"], "'eager' is not one of"),
 ])
 def test_cli_bad_flags_give_clear_errors(args, message):
     result = CliRunner().invoke(profile_cmd, args)

@@ -85,3 +85,72 @@ def test_a_profile_without_points_cannot_be_refitted(tmp_path):
     result = CliRunner().invoke(profile_cmd, ["--refit", str(path), "--out", str(tmp_path / "out.json")])
     assert result.exit_code == 1 and "holds 0 points: nothing to refit" in result.output
     assert not (tmp_path / "out.json").exists()
+
+
+def _added_points(meta: dict, scale: float, count: int = 100) -> tuple[dict, list[dict]]:
+    """A points file's (header, points): ``count`` of the profile's eager mixed passes measured again under new
+    keys, ``scale`` times as long."""
+    columns, rows = SHIPPED["points"]["columns"], SHIPPED["points"]["rows"]
+    mixed = [dict(zip(columns, r)) for r in rows if r[columns.index("sweep")] == "mixed"
+             and r[columns.index("num_tokens")] > 1024][:count]
+    points = []
+    for i, p in enumerate(mixed):
+        p = {k: v for k, v in p.items() if k != "split" and v is not None}
+        p.update(key=f"eager-mixed-{i}", sweep="eager-mixed", wall_s=p["wall_s"] * scale,
+                 wall_repeats=[t * scale for t in p["wall_repeats"]])
+        points.append(p)
+    header = {k: meta.get(k) for k in ("model", "dtype", "card", "block_size", "max_model_len", "mixed_graph_buckets")}
+    return {**header, "date": "2026-11-27T00:00:00+00:00", "git_commit": "abc1234"}, points
+
+
+def _write_points(path, header, points):
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"header": header}, *points]))
+    return str(path)
+
+
+def test_added_points_are_fitted_with_the_profiles_own(tmp_path):
+    """``--refit P --add-points F``: a points file of the same card joins the profile's points; the profile's own
+    points keep their held-out draw, its meta records the file, and the eager path follows the new passes."""
+    from calibration.cli import profile as profile_cmd
+
+    header, points = _added_points(SHIPPED["meta"], 1.3)
+    path = _write_points(tmp_path / "em.points.jsonl", header, points)
+    out = tmp_path / "merged.json"
+    result = CliRunner().invoke(profile_cmd, ["--refit", "llama-2-7b", "--add-points", path, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    merged, shipped = load_profile(out), load_profile("llama-2-7b")
+    assert len(merged.points) == len(shipped.points) + len(points)
+    assert [p["split"] for p in merged.points[:len(shipped.points)]] == [p["split"] for p in shipped.points]
+    assert merged.meta["added_points"] == [f"{len(points)} points (eager-mixed) measured on {header['card']}, "
+                                           "2026-11-27T00:00:00+00:00, commit abc1234"]
+    assert merged.serving.to_dict() == shipped.serving.to_dict()
+    from calibration.profile import point_features
+
+    # the same passes again, 30% longer: beside the originals, their predictions grow
+    grown = [merged.model.predict(point_features(p)) / shipped.model.predict(point_features(p)) for p in points]
+    assert min(grown) > 1.0 and sum(grown) / len(grown) > 1.05, grown
+    # the merged profile refits to itself, as a shipped one does
+    again = tmp_path / "again.json"
+    assert CliRunner().invoke(profile_cmd, ["--refit", str(out), "--out", str(again)]).exit_code == 0
+    assert json.loads(again.read_text()) == json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda h, p: h.update(card="NVIDIA A100-SXM4-80GB"), "measured with card 'NVIDIA A100-SXM4-80GB'"),
+    (lambda h, p: h.update(kv_layout="aged"), "kv_layout 'aged'"),
+    (lambda h, p: p[0].update(key=SHIPPED["points"]["rows"][0][SHIPPED["points"]["columns"].index("key")]),
+     "repeat 1 of the profile's passes"),
+    (lambda h, p: p.clear(), "no header or no points"),
+])
+def test_added_points_of_another_measurement_are_refused(tmp_path, change, message):
+    from calibration.cli import profile as profile_cmd
+
+    header, points = _added_points(SHIPPED["meta"], 1.0, count=4)
+    change(header, points)
+    path = _write_points(tmp_path / "em.points.jsonl", header, points)
+    out = tmp_path / "merged.json"
+    result = CliRunner().invoke(profile_cmd, ["--refit", "llama-2-7b", "--add-points", path, "--out", str(out)])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert not out.exists()
+    result = CliRunner().invoke(profile_cmd, ["--model", "tiny-llama", "--add-points", path, "--out", str(out)])
+    assert result.exit_code == 2 and "--add-points goes with --refit" in result.output
