@@ -75,7 +75,9 @@ class PassSpec:
         return blocks + sum(-(-(s + n) // block_size) for s, n, _ in self.chunks)
 
     def max_len(self) -> int:
-        lens = [c + 1 for c in self.decode_contexts] + [s + n + left for s, n, left in self.chunks]
+        """The longest sequence's length: a decode's context and its new token; a prompt and the token it samples
+        once all of it is in (its request is refused if that does not fit the model's context)."""
+        lens = [c + 1 for c in self.decode_contexts] + [s + n + left + 1 for s, n, left in self.chunks]
         return max(lens)
 
 

@@ -405,6 +405,15 @@ def test_mixed_passes_over_the_largest_bucket_are_their_own_sweep_kind():
     assert decodes.min() <= 8 and decodes.max() >= 128 and (decodes < 96).mean() > 0.5
 
 
+def test_no_pass_holds_a_prompt_its_context_refuses():
+    """A prompt chunk's request must leave room for the token it samples: a prompt of the whole context was
+    planned once (seed 1: one chunk of 4,096 tokens at budget 4,096) and stopped the sweep."""
+    for seed in range(4):
+        for spec in plans.sweep_specs(4096, 14207, 16, seed=seed, table_per_size=0, mixed_buckets=[16, 1024]):
+            assert all(prefix + n + left < 4096 for prefix, n, left in spec.chunks), spec.key
+            assert all(c < 4096 for c in spec.decode_contexts), spec.key
+
+
 def test_a_specs_features_are_those_of_its_plan():
     """Calibration fits on ``plan_features(spec)``; the simulator predicts from ``plan_features(plan)`` of the
     plan ``build_plan`` makes from that spec (the same function on both)."""
