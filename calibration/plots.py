@@ -70,14 +70,14 @@ def _curves(profile) -> dict[str, tuple[np.ndarray, np.ndarray, str]]:
     """Model curves along T: one prompt from scratch, and decodes at each of ``CONTEXTS`` the cache can hold."""
     top = profile.max_model_len - 1
     t = np.unique(np.geomspace(1, 8192, 200).astype(int))
-    prefill = [profile.predict(plan_features(PassSpec("prefill", chunks=tuple((0, c, 0) for c in _split(n, top)))))
+    prefill = [profile.model.predict(plan_features(PassSpec("prefill", chunks=tuple((0, c, 0) for c in _split(n, top)))))
                for n in t]
     curves = {"model: one prompt": (t, np.array(prefill), SWEEP_COLORS["prefill"])}
     for ctx in (c for c in CONTEXTS if c < top):
         cap = profile.num_kv_blocks * profile.block_size // (ctx + 1)
         td = t[t <= min(512, cap)]
         curves[f"model: decodes at {ctx:,} context"] = (
-            td, np.array([profile.predict(_decode_pass(b, ctx)) for b in td]), _context_color(ctx))
+            td, np.array([profile.model.predict(_decode_pass(b, ctx)) for b in td]), _context_color(ctx))
     return curves
 
 
@@ -118,7 +118,7 @@ def figures(profile) -> dict:
     pts = profile.points
     T = np.array([p["num_tokens"] for p in pts], dtype=float)
     y = np.array([p[profile.fit.get("target", "wall_s")] for p in pts], dtype=float)
-    pred = np.array([profile.predict(point_features(p)) for p in pts])
+    pred = np.array([profile.model.predict(point_features(p)) for p in pts])
     curves = _curves(profile)
     figs = {}
     for name, f, unit in (("latency", lambda t, s: s * 1e3, "time per pass (ms)"),
@@ -175,7 +175,7 @@ def _context_figure(profile, title: str):
     for batch in DECODE_BATCHES:
         ctx = contexts[contexts * batch <= capacity]
         if ctx.size:
-            fig.add_trace(go.Scatter(x=ctx, y=[profile.predict(_decode_pass(batch, c)) * 1e3 for c in ctx],
+            fig.add_trace(go.Scatter(x=ctx, y=[profile.model.predict(_decode_pass(batch, c)) * 1e3 for c in ctx],
                                      mode="lines", name=f"model: batch {batch}", line={"color": _batch_color(batch)}))
     decode = [p for p in profile.points if p.get("sweep") == "decode"]
     if decode:
