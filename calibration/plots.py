@@ -70,14 +70,14 @@ def _curves(profile) -> dict[str, tuple[np.ndarray, np.ndarray, str]]:
     """Model curves along T: one prompt from scratch, and decodes at each of ``CONTEXTS`` the cache can hold."""
     top = profile.max_model_len - 1
     t = np.unique(np.geomspace(1, 8192, 200).astype(int))
-    prefill = [profile.model.predict(plan_features(PassSpec("prefill", chunks=tuple((0, c, 0) for c in _split(n, top)))))
-               for n in t]
+    predict = profile.model.predict
+    prefill = [predict(plan_features(PassSpec("prefill", chunks=tuple((0, c, 0) for c in _split(n, top))))) for n in t]
     curves = {"model: one prompt": (t, np.array(prefill), SWEEP_COLORS["prefill"])}
     for ctx in (c for c in CONTEXTS if c < top):
         cap = profile.num_kv_blocks * profile.block_size // (ctx + 1)
         td = t[t <= min(512, cap)]
         curves[f"model: decodes at {ctx:,} context"] = (
-            td, np.array([profile.model.predict(_decode_pass(b, ctx)) for b in td]), _context_color(ctx))
+            td, np.array([predict(_decode_pass(b, ctx)) for b in td]), _context_color(ctx))
     return curves
 
 
