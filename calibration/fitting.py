@@ -174,8 +174,10 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
 
 
 # What a points file added to a profile must share with it: the same model, precision and card, measured as the
-# profile's points were (KV block size, context length, mixed-graph buckets, KV layout: fresh where unnamed).
-SAME_MEASUREMENT = ("model", "dtype", "card", "block_size", "max_model_len", "mixed_graph_buckets", "kv_layout")
+# profile's points were (KV block size, context length, mixed-graph buckets, KV layout), with the value a key takes
+# where a header or meta does not name it (sweeps before 5ea3698 name no KV layout: theirs was fresh).
+SAME_MEASUREMENT = {"model": None, "dtype": None, "card": None, "block_size": None, "max_model_len": None,
+                    "mixed_graph_buckets": None, "kv_layout": "fresh"}
 
 
 def refit(profile: Profile, added: tuple[Mapping | None, Sequence[Mapping]] | None = None) -> Profile:
@@ -196,9 +198,8 @@ def refit(profile: Profile, added: tuple[Mapping | None, Sequence[Mapping]] | No
         if header is None or not extra:
             raise ValueError("the added points file has no header or no points: not a points file of "
                              "`splitfuse profile`")
-        for key in SAME_MEASUREMENT:
-            theirs, ours = (header.get(key, "fresh"), meta.get(key, "fresh")) if key == "kv_layout" else \
-                (header.get(key), meta.get(key))
+        for key, unnamed in SAME_MEASUREMENT.items():
+            theirs, ours = header.get(key, unnamed), meta.get(key, unnamed)
             if theirs != ours:
                 raise ValueError(f"the added points were measured with {key} {theirs!r}, the profile's with "
                                  f"{ours!r}: fit them only with points of the same measurement")

@@ -243,10 +243,12 @@ def point_features(point: Mapping) -> PassFeatures:
     ``num_samples`` (None where a profile holds them beside newer points): every sequence is taken to sample
     (only a serving section's loop cost reads it). Those swept before passes carried their longest decode context
     have no ``decode_max_context``: 0, not known (only a serving section's spread term reads it)."""
-    if point.get("num_samples") is None or ("decode_max_context" in point and point["decode_max_context"] is None):
-        point = {**point, "num_samples": point.get("num_samples") or point["num_seqs"],
-                 "decode_max_context": point.get("decode_max_context") or 0}
-    return PassFeatures.from_mapping(point)
+    fill = {}
+    if point.get("num_samples") is None:
+        fill["num_samples"] = point["num_seqs"]
+    if point.get("decode_max_context", 0) is None:
+        fill["decode_max_context"] = 0
+    return PassFeatures.from_mapping({**point, **fill} if fill else point)
 
 
 def _points_from(p, bad) -> list[dict]:
