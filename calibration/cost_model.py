@@ -38,7 +38,8 @@ from engine.policy import PassFeatures
 # The device model's inputs: every pass feature but the sampled entries, whose cost is the serving loop's (the
 # sampling rows' LM head is in num_seqs), and the longest decode context, which the sweep's decode batches (all of
 # one context) cannot show: the serving section prices it (``calibration.serving.decode_spread_tokens``).
-FEATURES = tuple(f for f in PassFeatures._fields if f not in ("num_samples", "decode_max_context"))
+FEATURES = tuple(f for f in PassFeatures._fields
+                 if f not in ("num_samples", "decode_max_context", "prefill_max_context"))
 LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs")
 FLOOR_TERMS = ("floor", "floor_seqs", "floor_tokens")
 # A knot at 2 tokens lets a decode graph of one sequence differ from the line through larger batches: the engine

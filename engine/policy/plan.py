@@ -61,6 +61,9 @@ class PassFeatures(NamedTuple):
     num_samples: int  # entries that sample a token: each becomes an output the serving loop hands out
     # the longest decode context: a decode step's attention waits on it (0: not known, as in older records)
     decode_max_context: int = 0
+    # the longest context a prompt chunk attends (prefix + new tokens): a short chunk's attention is one program per
+    # 64-query tile and KV head, each reading that whole context, so it waits on it (0: none, or not known)
+    prefill_max_context: int = 0
 
     @classmethod
     def from_mapping(cls, values) -> PassFeatures:
@@ -77,17 +80,20 @@ def plan_features(plan) -> PassFeatures:
     d, prefill_tokens = plan.num_decodes, plan.num_prefill_tokens
     starts, new, samples = plan.start_positions, plan.num_new_tokens, plan.samples
     num_seqs = len(new)
-    prefill_attention = 0
+    prefill_attention = prefill_max_context = 0
     for i in range(d, num_seqs):
         n = new[i]
-        prefill_attention += n * (starts[i] + n)
+        end = starts[i] + n
+        prefill_attention += n * end
+        if end > prefill_max_context:
+            prefill_max_context = end
     decode_starts = starts[:d] if d < num_seqs else starts
     # tuple.__new__ directly: a NamedTuple's own constructor is a Python function, a cost on the simulator's
     # hot path
     return _new_tuple(PassFeatures, (d + prefill_tokens, prefill_tokens, d, num_seqs, num_seqs - d,
                                      sum(decode_starts) + d, prefill_attention,
                                      d + sum(samples[d:]) if d < num_seqs else d,
-                                     max(decode_starts) + 1 if d else 0))
+                                     max(decode_starts) + 1 if d else 0, prefill_max_context))
 
 
 _new_tuple = tuple.__new__
