@@ -10,22 +10,28 @@ Profiles measured before mixed graphs existed have no ``mixed`` model: their mix
 
 A ``HingeModel`` is
     t = max(H, G)      H = f0 + f_s * num_seqs + f_t * num_tokens                       (host floor, optional)
-                       G = g(T) + a_dc * decode_context + a_pa * prefill_attention + a_s * num_seqs
-                           + a_ps * prefill_seqs                                          (device work)
+                       G = g(T) + a_dc * max(decode_context, k_d * decode_max_context)
+                           + a_pa * max(prefill_attention, k_p * prefill_max_context)
+                           + a_s * num_seqs + a_ps * prefill_seqs + a_dl * [any decode]   (device work)
 ``g`` is piecewise linear in the tokens per pass T (hinges max(0, T - knot)): flat-ish while the pass is bound
 by reading the weights, steeper once the matrix units are the limit. ``decode_context`` (sum of decode contexts)
 stands for KV bytes read, ``prefill_attention`` (sum of new tokens x context) for attention FLOPs, the
-per-sequence terms for sampling, the LM head and per-sequence kernel work. ``H`` is the time the host needs to
-launch an eager pass: a small eager pass waits on Python, not on the GPU, and then extra device work is hidden
-under the launches rather than added to them (hence a max, not a sum).
+per-sequence terms for sampling, the LM head and per-sequence kernel work, ``a_dl`` for the decodes' own attention
+launch beside a chunk's. The knees ``k_p`` (tokens) and ``k_d`` (sequences) are where attention stops filling the
+GPU: a chunk of fewer than ``k_p`` tokens costs like ``k_p`` tokens on its context, since its few programs each read
+that whole context, and a few decodes cost like ``k_d`` at their longest context (0: no knee). ``H`` is the time the
+host needs to launch an eager pass: a small eager pass waits on Python, not on the GPU, and then extra device work
+is hidden under the launches rather than added to them (hence a max, not a sum).
 
 Fits minimise *relative* residuals (pass times span two orders of magnitude and the target is a relative
-error): linear least squares for ``G`` alone, then ``scipy.optimize.least_squares`` for the max form.
+error): linear least squares for ``G`` alone, then ``scipy.optimize.least_squares`` for the max form; the knees are
+chosen from a grid by cross-validation, as the knots are.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -36,11 +42,15 @@ from calibration.decode_table import DecodeTable
 from engine.policy import PassFeatures
 
 # The device model's inputs: every pass feature but the sampled entries, whose cost is the serving loop's (the
-# sampling rows' LM head is in num_seqs), and the longest decode context, which the sweep's decode batches (all of
-# one context) cannot show: the serving section prices it (``calibration.serving.decode_spread_tokens``).
-FEATURES = tuple(f for f in PassFeatures._fields
-                 if f not in ("num_samples", "decode_max_context", "prefill_max_context"))
-LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs")
+# sampling rows' LM head is in num_seqs). The longest contexts are 0 where not known (points and traces recorded
+# before them): then no knee applies.
+FEATURES = tuple(f for f in PassFeatures._fields if f != "num_samples")
+OPTIONAL_FEATURES = ("decode_max_context", "prefill_max_context")
+LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs", "decode_launch")
+KNEES = ("prefill", "decode")
+# The knees a fit may choose: tokens of a prompt chunk (a 64-query tile per program), decodes of a pass.
+KNEE_CANDIDATES = {"prefill": (0, 128, 256, 384, 512, 768, 1024), "decode": (0, 1, 2, 4, 8, 16)}
+KNEE_GAIN = 0.05  # the share of the cross-validated error knees must take off to be used
 FLOOR_TERMS = ("floor", "floor_seqs", "floor_tokens")
 # A knot at 2 tokens lets a decode graph of one sequence differ from the line through larger batches: the engine
 # runs one-row linear layers through a separate kernel path (kernels/triton_linear.py), so a batch-1 step sits off
@@ -51,17 +61,20 @@ DENSE_KNOTS = (2, 8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640,
 COARSE_KNOTS = (2, 64, 256, 1024, 4096)
 CANDIDATE_KNOTS = {"coarse": COARSE_KNOTS, "default": DEFAULT_KNOTS, "dense": DENSE_KNOTS}
 # Terms whose coefficient is physically non-negative (work never makes a pass faster).
-NONNEGATIVE = ("intercept", "tokens", "decode_context", "prefill_attention", "floor", "floor_seqs", "floor_tokens")
+NONNEGATIVE = ("intercept", "tokens", "decode_context", "prefill_attention", "decode_launch", "floor", "floor_seqs",
+               "floor_tokens")
 
 
 class HingeModel:
     """Fitted coefficients over a fixed knot set; ``predict_values`` is plain float math (called millions of
-    times). ``floor`` is None for a model without a host floor."""
+    times). ``floor`` is None for a model without a host floor; ``knees`` ({"prefill": tokens, "decode": sequences},
+    missing ones 0) where attention stops filling the GPU."""
 
-    __slots__ = ("knots", "coef", "floor", "_seg_base", "_seg_slope", "_dc", "_pa", "_s", "_ps", "_f")
+    __slots__ = ("knots", "coef", "floor", "knees", "_seg_base", "_seg_slope", "_dc", "_pa", "_s", "_ps", "_dl",
+                 "_kp", "_kd", "_f")
 
     def __init__(self, knots: Sequence[float], coef: Mapping[str, float],
-                 floor: Mapping[str, float] | None = None) -> None:
+                 floor: Mapping[str, float] | None = None, knees: Mapping[str, float] | None = None) -> None:
         knots = [float(k) for k in knots]
         if any(b <= a for a, b in zip(knots, knots[1:])):
             raise ValueError(f"knots must be strictly increasing, got {knots}")
@@ -73,9 +86,16 @@ class HingeModel:
         self.knots = knots
         self.coef = {n: float(coef[n]) for n in term_names(knots)}
         self.floor = None if floor is None else {n: float(floor[n]) for n in FLOOR_TERMS}
-        bad = [n for n, v in {**self.coef, **(self.floor or {})}.items() if not math.isfinite(v)]
+        knees = dict(knees or {})
+        unknown = sorted(set(knees) - set(KNEES))
+        if unknown:
+            raise ValueError(f"unknown cost model knees {', '.join(unknown)}; knees are {', '.join(KNEES)}")
+        self.knees = {n: float(knees.get(n, 0.0)) for n in KNEES}
+        bad = [n for n, v in {**self.coef, **(self.floor or {}), **self.knees}.items() if not math.isfinite(v)]
         if bad:
             raise ValueError(f"cost model coefficients not finite: {', '.join(bad)}")
+        if any(v < 0 for v in self.knees.values()):
+            raise ValueError(f"cost model knees must be >= 0, got {self.knees}")
         # g(T) on segment j (knots[j-1] <= T < knots[j]) is base[j] + slope[j] * T.
         base, slope = self.coef["intercept"], self.coef["tokens"]
         self._seg_base, self._seg_slope = [base], [slope]
@@ -88,13 +108,20 @@ class HingeModel:
         c = self.coef
         self._dc, self._pa, self._s, self._ps = c["decode_context"], c["prefill_attention"], c["num_seqs"], \
             c["prefill_seqs"]
+        self._dl, self._kp, self._kd = c["decode_launch"], self.knees["prefill"], self.knees["decode"]
         self._f = None if self.floor is None else tuple(self.floor[n] for n in FLOOR_TERMS)
 
-    def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs) -> float:
+    def predict_values(self, num_tokens, decode_context, prefill_attention, num_seqs, prefill_seqs, decode_tokens,
+                       decode_max_context, prefill_max_context) -> float:
         j = bisect.bisect_right(self.knots, num_tokens)
         t = self._seg_base[j] + self._seg_slope[j] * num_tokens
-        t += self._dc * decode_context + self._pa * prefill_attention + self._s * num_seqs
-        t += self._ps * prefill_seqs
+        knee = self._kd * decode_max_context
+        t += self._dc * (knee if knee > decode_context else decode_context)
+        knee = self._kp * prefill_max_context
+        t += self._pa * (knee if knee > prefill_attention else prefill_attention)
+        t += self._s * num_seqs + self._ps * prefill_seqs
+        if decode_tokens:
+            t += self._dl
         f = self._f
         if f is not None:
             h = f[0] + f[1] * num_seqs + f[2] * num_tokens
@@ -103,22 +130,28 @@ class HingeModel:
         return t
 
     def predict(self, f: PassFeatures) -> float:
-        return self.predict_values(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
+        return self.predict_values(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
+                                   f.decode_tokens, f.decode_max_context, f.prefill_max_context)
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
-        t = design_matrix(X, self.knots) @ np.array([self.coef[n] for n in term_names(self.knots)])
+        t = design_matrix(X, self.knots, self.knees) @ np.array([self.coef[n] for n in term_names(self.knots)])
         if self.floor is not None:
             t = np.maximum(t, floor_matrix(X) @ np.array([self.floor[n] for n in FLOOR_TERMS]))
         return t
 
     def to_dict(self) -> dict:
-        return {"form": "hinge-linear", "knots": self.knots, "coef": self.coef, "floor": self.floor}
+        return {"form": "hinge-linear", "knots": self.knots, "coef": self.coef, "floor": self.floor,
+                "knees": self.knees}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> HingeModel:
+        """Also reads models of profile versions before 7: no knees and no decode launch term (both 0)."""
         if not isinstance(d, Mapping) or d.get("form") != "hinge-linear":
             raise ValueError(f"cost model must be a mapping with form 'hinge-linear', got {str(d)[:80]!r}")
-        return cls(d["knots"], d["coef"], d.get("floor"))
+        coef = d["coef"]
+        if isinstance(coef, Mapping) and "decode_launch" not in coef:
+            coef = {**coef, "decode_launch": 0.0}
+        return cls(d["knots"], coef, d.get("floor"), d.get("knees"))
 
 
 class PassModel:
@@ -157,12 +190,15 @@ class PassModel:
                 t = self._table(f.num_seqs, f.decode_context)
                 if t is not None:
                     return t
-            return self._graph(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
+            return self._graph(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
+                               f.decode_tokens, f.decode_max_context, f.prefill_max_context)
         if path == "mixed-graph":
             b = self._buckets
             return self._mixed(b[bisect.bisect_left(b, f.num_tokens)], f.decode_context, f.prefill_attention,
-                               f.num_seqs, f.prefill_seqs)
-        return self._eager(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs)
+                               f.num_seqs, f.prefill_seqs, f.decode_tokens, f.decode_max_context,
+                               f.prefill_max_context)
+        return self._eager(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
+                           f.decode_tokens, f.decode_max_context, f.prefill_max_context)
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)
@@ -242,11 +278,18 @@ def term_names(knots: Sequence[float]) -> list[str]:
     return ["intercept", "tokens", *(f"hinge_{i}" for i in range(len(knots))), *LINEAR_TERMS]
 
 
-def design_matrix(X: Mapping[str, np.ndarray], knots: Sequence[float]) -> np.ndarray:
-    """One row per pass, one column per term of ``term_names(knots)``."""
+def design_matrix(X: Mapping[str, np.ndarray], knots: Sequence[float],
+                  knees: Mapping[str, float] | None = None) -> np.ndarray:
+    """One row per pass, one column per term of ``term_names(knots)``, the attention terms past their ``knees``."""
+    knees = knees or {}
     T = np.asarray(X["num_tokens"], dtype=float)
     cols = [np.ones_like(T), T, *(np.maximum(0.0, T - k) for k in knots)]
-    cols += [np.asarray(X[n], dtype=float) for n in LINEAR_TERMS]
+    for name, longest, knee in (("decode_context", "decode_max_context", knees.get("decode", 0.0)),
+                                ("prefill_attention", "prefill_max_context", knees.get("prefill", 0.0))):
+        col = np.asarray(X[name], dtype=float)
+        cols.append(np.maximum(col, knee * np.asarray(X[longest], dtype=float)) if knee else col)
+    cols += [np.asarray(X["num_seqs"], dtype=float), np.asarray(X["prefill_seqs"], dtype=float),
+             (np.asarray(X["decode_tokens"]) > 0).astype(float)]
     return np.column_stack(cols)
 
 
@@ -269,17 +312,17 @@ def supported_knots(T: np.ndarray, knots: Sequence[float], min_points: int = 2) 
 
 
 def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEFAULT_KNOTS,
-        floor: bool = False) -> HingeModel:
+        floor: bool = False, knees: Mapping[str, float] | None = None) -> HingeModel:
     """Least squares on relative residuals. Knots the data cannot place (``supported_knots``) are dropped, and
     terms the data cannot identify (a feature that is constant zero) are fixed at zero. With ``floor``, the
-    max(H, G) form is fitted, starting from the linear fit of G."""
+    max(H, G) form is fitted, starting from the linear fit of G. ``knees``: fixed, as ``HingeModel`` takes them."""
     from scipy.optimize import least_squares, lsq_linear
 
     y = np.asarray(y, dtype=float)
     T = np.asarray(X["num_tokens"], dtype=float)
     knots = supported_knots(T, knots)
     names = term_names(knots)
-    A = design_matrix(X, knots)
+    A = design_matrix(X, knots, knees)
     scale = np.abs(A).max(axis=0)
     used = scale > 0
     A_rel = A[:, used] / scale[used] / y[:, None]
@@ -288,7 +331,7 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     coef = np.zeros(len(names))
     coef[used] = res.x / scale[used]
     if not floor:
-        return HingeModel(knots, dict(zip(names, coef.tolist())))
+        return HingeModel(knots, dict(zip(names, coef.tolist())), knees=knees)
 
     F = floor_matrix(X)
     fscale = np.abs(F).max(axis=0)
@@ -317,7 +360,7 @@ def fit(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEF
     coef = np.zeros(len(names))
     coef[used] = out.x[n_f:] / scale[used]
     floor_coef = out.x[:n_f] / fscale
-    return HingeModel(knots, dict(zip(names, coef.tolist())), dict(zip(FLOOR_TERMS, floor_coef.tolist())))
+    return HingeModel(knots, dict(zip(names, coef.tolist())), dict(zip(FLOOR_TERMS, floor_coef.tolist())), knees)
 
 
 CANDIDATES = {f"{name}{'+floor' if floor else ''}": (knots, floor)
@@ -325,23 +368,43 @@ CANDIDATES = {f"{name}{'+floor' if floor else ''}": (knots, floor)
 
 
 def select(X: Mapping[str, np.ndarray], y: np.ndarray, candidates: Mapping[str, tuple] | None = None,
-           folds: int = 5, seed: int = 0) -> tuple[str, dict]:
-    """The candidate (knot set, floor or not) with the smallest cross-validated error (median + p95 / 2 of
-    |relative error|) on the given points, which must not include the held-out ones. Returns (name, scores)."""
+           folds: int = 5, seed: int = 0) -> tuple[str, dict, dict]:
+    """The knees (``select_knees``), then the candidate (knot set, floor or not) with the smallest cross-validated
+    error (``cv_score``) with those knees, on the given points, which must not include the held-out ones. Returns
+    (name, scores, knees)."""
     candidates = candidates or CANDIDATES
+    knees = select_knees(X, y, DEFAULT_KNOTS, folds, seed)
+    scores = {name: cv_score(X, y, knots, floor, knees, folds, seed) for name, (knots, floor) in candidates.items()}
+    return min(scores, key=scores.get), scores, knees
+
+
+def select_knees(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float] = DEFAULT_KNOTS, folds: int = 5,
+                 seed: int = 0) -> dict:
+    """The knees of ``KNEE_CANDIDATES`` with the smallest cross-validated error of the linear fit over ``knots``,
+    where that is ``KNEE_GAIN`` below the error without knees (else none: a knee must earn its place). A knee whose
+    longest context the points never carry stays 0."""
+    grids = [KNEE_CANDIDATES[name] if np.any(np.asarray(X[f"{name}_max_context"]) > 0) else (0,) for name in KNEES]
+    scores = {values: cv_score(X, y, knots, False, dict(zip(KNEES, map(float, values))), folds, seed)
+              for values in itertools.product(*grids)}
+    best = min(scores, key=scores.get)
+    none = (0,) * len(KNEES)
+    if scores[best] > (1.0 - KNEE_GAIN) * scores[none]:
+        best = none
+    return dict(zip(KNEES, map(float, best)))
+
+
+def cv_score(X: Mapping[str, np.ndarray], y: np.ndarray, knots: Sequence[float], floor: bool,
+             knees: Mapping[str, float] | None, folds: int = 5, seed: int = 0) -> float:
+    """median + p95 / 2 of the |relative error| of a ``folds``-fold cross-validation (folds drawn with ``seed``)."""
     y = np.asarray(y, dtype=float)
     fold = np.random.default_rng(seed).permutation(len(y)) % folds
-    scores = {}
-    for name, (knots, floor) in candidates.items():
-        rel = np.empty(len(y))
-        for k in range(folds):
-            test = fold == k
-            train = {n: np.asarray(v)[~test] for n, v in X.items()}
-            model = fit(train, y[~test], knots, floor)
-            rel[test] = relative_errors(model, {n: np.asarray(v)[test] for n, v in X.items()}, y[test])
-        a = np.abs(rel)
-        scores[name] = float(np.median(a) + np.percentile(a, 95) / 2)
-    return min(scores, key=scores.get), scores
+    rel = np.empty(len(y))
+    for k in range(folds):
+        test = fold == k
+        model = fit({n: np.asarray(v)[~test] for n, v in X.items()}, y[~test], knots, floor, knees)
+        rel[test] = relative_errors(model, {n: np.asarray(v)[test] for n, v in X.items()}, y[test])
+    a = np.abs(rel)
+    return float(np.median(a) + np.percentile(a, 95) / 2)
 
 
 def relative_errors(model, X: Mapping[str, np.ndarray], y: np.ndarray) -> np.ndarray:

@@ -71,12 +71,16 @@ def noise_ratios(points: Sequence[Mapping], key: str = "wall_repeats", target: s
 
 
 def fit_path(X: Mapping[str, np.ndarray], y: np.ndarray, knots, seed: int) -> tuple[cost_model.HingeModel, dict]:
-    """One path's model: the given knots (no floor), or the candidate chosen by cross-validation."""
-    if knots is not None or len(y) < 25:
+    """One path's model: the given knots (no floor), or the candidate chosen by cross-validation; the knees chosen
+    by cross-validation either way (none under 25 points)."""
+    if len(y) < 25:
         return cost_model.fit(X, y, knots or cost_model.DEFAULT_KNOTS), {"chosen": "fixed"}
-    name, scores = cost_model.select(X, y, seed=seed)
+    if knots is not None:
+        knees = cost_model.select_knees(X, y, knots, seed=seed)
+        return cost_model.fit(X, y, knots, knees=knees), {"chosen": "fixed", "knees": knees}
+    name, scores, knees = cost_model.select(X, y, seed=seed)
     knots, floor = cost_model.CANDIDATES[name]
-    return cost_model.fit(X, y, knots, floor), {"chosen": name, "cv_scores": scores}
+    return cost_model.fit(X, y, knots, floor, knees), {"chosen": name, "cv_scores": scores, "knees": knees}
 
 
 def graph_max_batch(points: Sequence[Mapping], meta: Mapping) -> int:
@@ -110,7 +114,7 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
     Paths: decode graph, mixed graph (if ``meta["mixed_graph_buckets"]`` lists buckets; fitted with each pass's
     tokens padded to its bucket) and eager. A path with fewer than 3 training points borrows another's fit.
     Without ``knots``, each path's form is chosen by cross-validation on its training points alone."""
-    points = [dict(p) for p in points]
+    points = [{**p, **{n: 0 for n in cost_model.OPTIONAL_FEATURES if p.get(n) is None}} for p in points]  # 0: not known
     if len(points) < 10:
         raise ValueError(f"only {len(points)} points: too few to fit and hold some out")
     for p, label in zip(points, split_points(points, heldout_frac, seed)):

@@ -1,8 +1,8 @@
 """A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
 fitted cost model, the spread of pass times, the KV capacity the engine gets on that card, (from version 3)
 what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
-(``calibration.energy``) and (from version 6) a decode table in the cost model (``calibration.decode_table``). All
-three are optional, and files of versions 2 to 5 still load.
+(``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``) and (from
+version 7) knees in its attention terms. All are optional, and files of versions 2 to 6 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -17,17 +17,18 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from calibration.cost_model import FEATURES, FLOOR_TERMS, NONNEGATIVE, PassModel
+from calibration.cost_model import FEATURES, FLOOR_TERMS, NONNEGATIVE, OPTIONAL_FEATURES, PassModel
 from calibration.energy import EnergyModel
 from calibration.serving import ServingModel
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
 # 3: an optional "serving" section; 4: an optional "energy" section; 5: the serving section's delivery grows with a
-# pass's sampled entries; 6: the cost model may hold a decode table (``calibration.decode_table``). Versions 2-5 are
-# read too.
-VERSION = 6
-READS = (2, 3, 4, 5, 6)
+# pass's sampled entries; 6: the cost model may hold a decode table (``calibration.decode_table``); 7: each path's
+# model has knees and a decode launch term, and points carry the longest decode and chunk contexts. Versions 2-6
+# are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not known).
+VERSION = 7
+READS = (2, 3, 4, 5, 6, 7)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -241,13 +242,12 @@ def _check_predictions(model: PassModel, points: list[dict], max_model_len: int,
 def point_features(point: Mapping) -> PassFeatures:
     """A measured point's pass features. Points swept before passes counted their sampled entries have no
     ``num_samples`` (None where a profile holds them beside newer points): every sequence is taken to sample
-    (only a serving section's loop cost reads it). Those swept before passes carried their longest decode context
-    have no ``decode_max_context``: 0, not known (only a serving section's spread term reads it)."""
+    (only a serving section's loop cost reads it). Those swept before passes carried their longest decode or chunk
+    context have none (or None): 0, not known."""
     fill = {}
     if point.get("num_samples") is None:
         fill["num_samples"] = point["num_seqs"]
-    if point.get("decode_max_context", 0) is None:
-        fill["decode_max_context"] = 0
+    fill.update({name: 0 for name in OPTIONAL_FEATURES if point.get(name) is None})
     return PassFeatures.from_mapping({**point, **fill} if fill else point)
 
 
@@ -256,14 +256,19 @@ def _points_from(p, bad) -> list[dict]:
         raise bad("'points' must be an object with 'columns' and 'rows' lists")
     columns = p["columns"]
     if p["rows"]:
-        absent = [f for f in FEATURES if f not in columns]
+        absent = [f for f in FEATURES if f not in columns and f not in OPTIONAL_FEATURES]
         if absent:
             raise bad(f"'points' lacks the feature columns {', '.join(absent)}")
     for i, row in enumerate(p["rows"]):
         if not isinstance(row, list) or len(row) != len(columns):
             raise bad(f"points row {i} has {len(row) if isinstance(row, list) else '?'} values for "
                       f"{len(columns)} columns")
-    return [dict(zip(columns, row)) for row in p["rows"]]
+    points = [dict(zip(columns, row)) for row in p["rows"]]
+    for point in points:  # swept before the longest contexts were recorded: 0, not known
+        for name in OPTIONAL_FEATURES:
+            if point.get(name) is None:
+                point[name] = 0
+    return points
 
 
 def shipped_profiles() -> list[str]:

@@ -17,8 +17,8 @@ from engine.policy import PassFeatures, plan_features
 
 KNOTS = (256.0, 1024.0)
 TRUE = {"intercept": 4e-3, "tokens": 2e-6, "hinge_0": 2.5e-5, "hinge_1": 1e-5, "decode_context": 2e-8,
-        "prefill_attention": 3e-10, "num_seqs": 1.5e-5, "prefill_seqs": 5e-5}
-GRAPH = {**TRUE, "intercept": 3e-3, "decode_context": 1.5e-8}
+        "prefill_attention": 3e-10, "num_seqs": 1.5e-5, "prefill_seqs": 5e-5, "decode_launch": 3e-4}
+GRAPH = {**TRUE, "intercept": 3e-3, "decode_context": 1.5e-8, "decode_launch": 0.0}
 MIXED = {**TRUE, "intercept": 2e-3, "tokens": 3e-6, "hinge_0": 1.5e-5, "num_seqs": 1e-5, "prefill_seqs": 3e-5}
 BUCKETS = list(range(16, 257, 16)) + list(range(320, 1025, 64))  # as the engine's mixed graphs, capped at 1024
 
@@ -452,8 +452,40 @@ def test_knot_selection_by_cross_validation_finds_a_kink_coarse_knots_miss():
                                              "hinge_0": 6e-5})
     pts = synthetic_points(truth)
     X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
-    name, scores = cost_model.select(X, np.array([p["wall_s"] for p in pts]))
+    name, scores, knees = cost_model.select(X, np.array([p["wall_s"] for p in pts]))
     assert not name.startswith("coarse") and scores["coarse"] > 2 * scores[name]
+    assert knees == {"prefill": 0.0, "decode": 0.0}  # the truth has none, and none earns its place
+
+
+def test_knee_selection_finds_a_short_chunk_paying_for_its_whole_context():
+    """A chunk of fewer than 384 tokens costs as one of 384 on its context (its few attention programs each read
+    all of it), and a pass of fewer than 4 decodes as 4 at their longest context: the fit finds both knees, and
+    a model without them misprices short chunks on long prefixes."""
+    knees = {"prefill": 384.0, "decode": 4.0}
+    truth = cost_model.HingeModel(KNOTS, {**TRUE, "prefill_attention": 1e-9}, knees=knees)
+    pts = synthetic_points(truth)
+    X = {n: np.array([p[n] for p in pts], dtype=float) for n in cost_model.FEATURES}
+    y = np.array([p["wall_s"] for p in pts])
+    assert cost_model.select_knees(X, y, KNOTS) == knees
+    short_on_long = F(num_tokens=64, prefill_tokens=64, num_seqs=1, prefill_seqs=1, prefill_attention=64 * 3000,
+                      prefill_max_context=3000)
+    fitted = cost_model.fit(X, y, KNOTS, knees=knees)
+    assert fitted.predict(short_on_long) == pytest.approx(truth.predict(short_on_long), rel=0.02)
+    kneeless = cost_model.fit(X, y, KNOTS)
+    assert kneeless.predict(short_on_long) < 0.95 * truth.predict(short_on_long)
+    assert cost_model.HingeModel.from_dict(fitted.to_dict()).knees == knees
+
+
+def test_models_of_older_profiles_read_without_knees_or_launch_term():
+    d = cost_model.HingeModel(KNOTS, TRUE).to_dict()
+    del d["knees"]
+    del d["coef"]["decode_launch"]
+    old = cost_model.HingeModel.from_dict(d)
+    assert old.knees == {"prefill": 0.0, "decode": 0.0} and old.coef["decode_launch"] == 0.0
+    with pytest.raises(ValueError, match="knees must be >= 0"):
+        cost_model.HingeModel(KNOTS, TRUE, knees={"prefill": -1})
+    with pytest.raises(ValueError, match="unknown cost model knees"):
+        cost_model.HingeModel(KNOTS, TRUE, knees={"chunk": 64})
 
 
 def test_fit_without_buckets_has_two_paths():

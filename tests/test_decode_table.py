@@ -69,7 +69,8 @@ def test_malformed_tables_are_refused(args, message):
 
 def test_the_pass_model_takes_the_table_for_decode_graph_passes_alone():
     hinge = cost_model.HingeModel([16], {"intercept": 4e-3, "tokens": 1e-5, "hinge_0": 0.0, "decode_context": 1e-7,
-                                         "prefill_attention": 0.0, "num_seqs": 0.0, "prefill_seqs": 0.0})
+                                         "prefill_attention": 0.0, "num_seqs": 0.0, "prefill_seqs": 0.0,
+                                         "decode_launch": 0.0})
     table = DecodeTable([4, 8], [5e-3, 6e-3], [2e-7, 3e-7])
     model = cost_model.PassModel(hinge, hinge, 256, decode_table=table)
     assert model.predict(decode(4, 4000)) == pytest.approx(table.predict(4, 4000))
