@@ -90,10 +90,12 @@ def compare(results, reference: str = "server"):
     m = out["measured"].to_numpy(dtype=float)
     out["rel_error"] = np.where(m > 0, out["sim"].to_numpy(dtype=float) / np.where(m > 0, m, 1) - 1, np.nan)
     names = [cell_name(row) for _, row in out.iterrows()]
-    if "seed" in out.columns:  # a grid of several workload seeds: its cells differ by their seed alone
-        shared = out.assign(_name=names).groupby(["grid", "_name"])["_cell"].transform("nunique") > 1
-        names = [f"{name} / seed {seed:g}" if several else name
-                 for name, seed, several in zip(names, out["seed"], shared)]
+    # cells of one grid that differ by their token budget or workload seed alone: named by it
+    for key, label in (("token_budget", "budget {:g}"), ("seed", "seed {:g}")):
+        if key in out.columns:
+            shared = out.assign(_name=names).groupby(["grid", "_name"])[key].transform("nunique") > 1
+            names = [f"{name} / {label.format(value)}" if several else name
+                     for name, value, several in zip(names, out[key], shared)]
     out.insert(len(keys), "cell", names)
     return out.drop(columns="_cell")
 

@@ -49,6 +49,17 @@ def test_cells_that_differ_by_their_workload_seed_alone_are_named_with_it(tmp_pa
     assert errors["rel_error"].tolist() == pytest.approx([0.1, -0.2, 0.0])
 
 
+def test_cells_that_differ_by_their_token_budget_alone_are_named_with_it(tmp_path):
+    text = ("source,scheduler,token_budget,mix,load,seed,ttft_mean\n"
+            "sim,splitfuse,2048,long,0.5,3,0.11\nclient,splitfuse,2048,long,0.5,3,0.10\n"
+            "sim,splitfuse,768,long,0.5,3,0.2\nclient,splitfuse,768,long,0.5,3,0.25\n"
+            "sim,splitfuse,2048,long,0.9,3,0.3\nclient,splitfuse,2048,long,0.9,3,0.3\n")
+    errors = compare(read_validation([write(tmp_path, text)]), "client").set_index("cell")
+    assert list(errors.index) == ["splitfuse / long / load 0.5 / budget 2048",
+                                  "splitfuse / long / load 0.5 / budget 768", "splitfuse / long / load 0.9"]
+    assert errors["rel_error"].tolist() == pytest.approx([0.1, -0.2, 0.0])
+
+
 @pytest.mark.parametrize("text, message", [
     (HEADER + "sim,splitfuse,chat,0.5,0.1,4\n\nengine,splitfuse,chat,0.5,0.1,4\n", "line 4: source 'engine'"),
     (HEADER + "sim,splitfuse,chat,0.5,fast,4\n", "line 2: ttft_p50 = 'fast'"),
