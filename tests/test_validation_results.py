@@ -38,25 +38,19 @@ def test_compare_gives_the_simulators_relative_error_per_cell_and_metric(tmp_pat
     assert compare(df, "client").set_index("metric").loc["ttft_p50", "rel_error"] == pytest.approx(0.11 / 0.12 - 1)
 
 
-def test_cells_that_differ_by_their_workload_seed_alone_are_named_with_it(tmp_path):
-    text = ("source,scheduler,mix,load,seed,ttft_mean\n"
-            "sim,splitfuse,long,0.5,3,0.11\nclient,splitfuse,long,0.5,3,0.10\n"
-            "sim,splitfuse,long,0.5,4,0.2\nclient,splitfuse,long,0.5,4,0.25\n"
-            "sim,splitfuse,long,0.9,3,0.3\nclient,splitfuse,long,0.9,3,0.3\n")
+@pytest.mark.parametrize("key, first, second, label", [("seed", 3, 4, "seed"),
+                                                     ("token_budget", 2048, 768, "budget")])
+def test_cells_that_differ_by_one_key_alone_are_named_with_it(tmp_path, key, first, second, label):
+    """Two cells alike but for their workload seed (or token budget) take it into their names; the seed is left
+    out where it does not tell cells apart."""
+    other = "seed" if key == "token_budget" else "token_budget"
+    text = (f"source,scheduler,mix,load,{key},{other},ttft_mean\n"
+            f"sim,splitfuse,long,0.5,{first},9,0.11\nclient,splitfuse,long,0.5,{first},9,0.10\n"
+            f"sim,splitfuse,long,0.5,{second},9,0.2\nclient,splitfuse,long,0.5,{second},9,0.25\n"
+            f"sim,splitfuse,long,0.9,{first},9,0.3\nclient,splitfuse,long,0.9,{first},9,0.3\n")
     errors = compare(read_validation([write(tmp_path, text)]), "client").set_index("cell")
-    assert list(errors.index) == ["splitfuse / long / load 0.5 / seed 3", "splitfuse / long / load 0.5 / seed 4",
-                                  "splitfuse / long / load 0.9"]
-    assert errors["rel_error"].tolist() == pytest.approx([0.1, -0.2, 0.0])
-
-
-def test_cells_that_differ_by_their_token_budget_alone_are_named_with_it(tmp_path):
-    text = ("source,scheduler,token_budget,mix,load,seed,ttft_mean\n"
-            "sim,splitfuse,2048,long,0.5,3,0.11\nclient,splitfuse,2048,long,0.5,3,0.10\n"
-            "sim,splitfuse,768,long,0.5,3,0.2\nclient,splitfuse,768,long,0.5,3,0.25\n"
-            "sim,splitfuse,2048,long,0.9,3,0.3\nclient,splitfuse,2048,long,0.9,3,0.3\n")
-    errors = compare(read_validation([write(tmp_path, text)]), "client").set_index("cell")
-    assert list(errors.index) == ["splitfuse / long / load 0.5 / budget 2048",
-                                  "splitfuse / long / load 0.5 / budget 768", "splitfuse / long / load 0.9"]
+    assert list(errors.index) == [f"splitfuse / long / load 0.5 / {label} {first}",
+                                  f"splitfuse / long / load 0.5 / {label} {second}", "splitfuse / long / load 0.9"]
     assert errors["rel_error"].tolist() == pytest.approx([0.1, -0.2, 0.0])
 
 
