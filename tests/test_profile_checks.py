@@ -131,9 +131,13 @@ def test_added_points_are_fitted_with_the_profiles_own(tmp_path):
     assert result.exit_code == 0, result.output
     merged, shipped = load_profile(out), load_profile("llama-2-7b")
     assert len(merged.points) == len(shipped.points) + len(points)
+    # the held-out draw of every kind drawn before the one that grew stays (kinds are drawn in order from one
+    # generator, so a larger draw moves the later kinds' draws on)
+    kinds = list(dict.fromkeys(p["sweep"] for p in shipped.points))
+    later = set(kinds[kinds.index("eager-mixed"):])
     own = lambda profile: [p["split"] for p in profile.points[:len(shipped.points)]  # noqa: E731
-                           if p["sweep"] != "eager-mixed"]
-    assert own(merged) == own(shipped)  # the held-out draw of every other kind stays
+                           if p["sweep"] not in later]
+    assert own(merged) == own(shipped) and len(own(shipped)) > 500
     assert merged.meta["added_points"] == [*shipped.meta.get("added_points", []),
                                            f"{len(points)} points (eager-mixed) measured on {header['card']}, "
                                            "2026-11-27T00:00:00+00:00, commit abc1234"]
