@@ -46,6 +46,13 @@ from engine.policy import PassFeatures
 # before them): then no knee applies.
 FEATURES = tuple(f for f in PassFeatures._fields if f != "num_samples")
 OPTIONAL_FEATURES = ("decode_max_context", "prefill_max_context")
+
+
+def with_unknown_contexts(point: Mapping) -> dict:
+    """``point`` (a measured pass) with 0 (not known) for each optional feature it lacks or holds as None."""
+    return {**point, **{name: 0 for name in OPTIONAL_FEATURES if point.get(name) is None}}
+
+
 LINEAR_TERMS = ("decode_context", "prefill_attention", "num_seqs", "prefill_seqs", "decode_launch")
 KNEES = ("prefill", "decode")
 # The knees a fit may choose: tokens of a prompt chunk (a 64-query tile per program), decodes of a pass.

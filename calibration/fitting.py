@@ -114,7 +114,7 @@ def build_profile(points: Sequence[Mapping], meta: Mapping, block_size: int, num
     Paths: decode graph, mixed graph (if ``meta["mixed_graph_buckets"]`` lists buckets; fitted with each pass's
     tokens padded to its bucket) and eager. A path with fewer than 3 training points borrows another's fit.
     Without ``knots``, each path's form is chosen by cross-validation on its training points alone."""
-    points = [{**p, **{n: 0 for n in cost_model.OPTIONAL_FEATURES if p.get(n) is None}} for p in points]  # 0: not known
+    points = [cost_model.with_unknown_contexts(p) for p in points]
     if len(points) < 10:
         raise ValueError(f"only {len(points)} points: too few to fit and hold some out")
     for p, label in zip(points, split_points(points, heldout_frac, seed)):

@@ -17,7 +17,14 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from calibration.cost_model import FEATURES, FLOOR_TERMS, NONNEGATIVE, OPTIONAL_FEATURES, PassModel
+from calibration.cost_model import (
+    FEATURES,
+    FLOOR_TERMS,
+    NONNEGATIVE,
+    OPTIONAL_FEATURES,
+    PassModel,
+    with_unknown_contexts,
+)
 from calibration.energy import EnergyModel
 from calibration.serving import ServingModel
 from engine.policy import PassFeatures
@@ -244,11 +251,10 @@ def point_features(point: Mapping) -> PassFeatures:
     ``num_samples`` (None where a profile holds them beside newer points): every sequence is taken to sample
     (only a serving section's loop cost reads it). Those swept before passes carried their longest decode or chunk
     context have none (or None): 0, not known."""
-    fill = {}
+    point = with_unknown_contexts(point)
     if point.get("num_samples") is None:
-        fill["num_samples"] = point["num_seqs"]
-    fill.update({name: 0 for name in OPTIONAL_FEATURES if point.get(name) is None})
-    return PassFeatures.from_mapping({**point, **fill} if fill else point)
+        point["num_samples"] = point["num_seqs"]
+    return PassFeatures.from_mapping(point)
 
 
 def _points_from(p, bad) -> list[dict]:
@@ -263,12 +269,8 @@ def _points_from(p, bad) -> list[dict]:
         if not isinstance(row, list) or len(row) != len(columns):
             raise bad(f"points row {i} has {len(row) if isinstance(row, list) else '?'} values for "
                       f"{len(columns)} columns")
-    points = [dict(zip(columns, row)) for row in p["rows"]]
-    for point in points:  # swept before the longest contexts were recorded: 0, not known
-        for name in OPTIONAL_FEATURES:
-            if point.get(name) is None:
-                point[name] = 0
-    return points
+    # swept before the longest contexts were recorded: 0, not known
+    return [with_unknown_contexts(dict(zip(columns, row))) for row in p["rows"]]
 
 
 def shipped_profiles() -> list[str]:
