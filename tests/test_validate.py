@@ -18,7 +18,7 @@ from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
-from engine.policy import PassFeatures, make_balancer  # noqa: E402
+from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
 from sim.validate import (  # noqa: E402
     STEADY_COMPLETIONS,
     Cell,
@@ -29,6 +29,7 @@ from sim.validate import (  # noqa: E402
     make_cells,
     overload_requests,
     parse_mix,
+    read_traces,
     serving_measurements,
     steady_throughput,
     trace_files,
@@ -96,6 +97,18 @@ def test_passes_are_traced_with_predictions(run):
     assert len(busy) and (busy.loop_s >= busy.pass_s).all() and (busy.serving_s > 0).all()
     # every token of the 20 measured requests (5 each) came from a traced pass's sampled entries
     assert passes.num_samples.sum() >= 20 * 5
+
+
+def test_each_traced_pass_has_the_shape_that_runs_it_again(run):
+    """The trace keeps each pass's decode contexts and chunks: the sweep's ``PassSpec`` of that shape has the
+    traced pass's features (``benchmarks.served_replay_gpu`` runs served passes again from them)."""
+    out, _ = run
+    passes, _ = read_traces(trace_files(out, "splitfuse-768", 1))
+    assert len(passes[0]) > 10
+    for p in passes[0]:
+        spec = plans.PassSpec("served", tuple(p["decode_contexts"]), tuple(map(tuple, p["chunks"])))
+        assert plan_features(spec) == PassFeatures.from_mapping(p), p
+        assert p["device_s"] is None  # no device clock on the CPU
 
 
 def test_an_older_traces_passes_get_their_longest_decode_context_from_the_requests():

@@ -46,10 +46,12 @@ class EngineSpec:
 
 class PassTrace:
     """What the engine did, pass by pass and request by request, for comparing the simulator with it: one JSON
-    line per pass (its ``PassRecord``: times on ``time.perf_counter``'s clock, features, path; and ``sent``, when
-    the loop had sent its outputs) and per finished request (when its add command reached the engine process and
-    when the loop took it in, between two passes; the end time of each pass that gave it tokens). Kept in memory
-    and written when the loop ends, so tracing costs the loop no I/O."""
+    line per pass (its ``PassRecord``: times on ``time.perf_counter``'s clock, device seconds, features, path;
+    ``sent``, when the loop had sent its outputs; and the pass's shape: ``decode_contexts`` and ``chunks`` as
+    [cached prefix, new tokens, prompt tokens left afterwards], what ``calibration.plans.PassSpec`` takes to run
+    the same pass again) and per finished request (when its add command reached the engine process and when the
+    loop took it in, between two passes; the end time of each pass that gave it tokens). Kept in memory and
+    written when the loop ends, so tracing costs the loop no I/O."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -57,12 +59,20 @@ class PassTrace:
         self.added: dict[object, float] = {}
         self.tokens: dict[object, list[float]] = {}
         self.requests: list[dict] = []
+        self._shape: tuple[list, list] | None = None  # of the plan scheduled last
 
     def add(self, request_id, received: float, added: float) -> None:
         self.added[request_id] = (received, added)
 
+    def observe(self, plan) -> None:
+        """Keep the shape of a plan the scheduler made (a scheduler observer: called before the pass runs)."""
+        d = plan.num_decodes
+        chunks = [[start, n, request.num_tokens - start - n] for request, start, n in
+                  zip(plan.requests[d:], plan.start_positions[d:], plan.num_new_tokens[d:])]
+        self._shape = (plan.start_positions[:d], chunks)
+
     def record(self, pass_record, outputs, sent: float) -> None:
-        self.passes.append((pass_record, sent))
+        self.passes.append((pass_record, sent, self._shape))
         for output in outputs:
             times = self.tokens.setdefault(output.request_id, [])
             times.extend([pass_record.end] * len(output.new_token_ids))
@@ -75,11 +85,13 @@ class PassTrace:
 
     def write(self) -> None:
         with open(self.path, "w") as f:
-            for r, sent in self.passes:
+            for r, sent, shape in self.passes:
+                decodes, chunks = shape or (None, None)
                 f.write(json.dumps({"kind": "pass", "start": r.start, "scheduled": r.scheduled, "launched": r.launched,
                                     "sampled": r.sampled, "updated": r.updated, "end": r.end, "sent": sent,
-                                    **r.features._asdict(), "path": r.path, "ahead": r.ahead,
-                                    "num_outputs": r.num_outputs}) + "\n")
+                                    "device_s": r.device_s, **r.features._asdict(), "path": r.path, "ahead": r.ahead,
+                                    "num_outputs": r.num_outputs, "decode_contexts": decodes,
+                                    "chunks": chunks}) + "\n")
             for row in self.requests:
                 f.write(json.dumps(row) + "\n")
 
@@ -155,7 +167,8 @@ def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None)
     engine.scheduler.observe(lambda plan: passes.append(plan.num_tokens))
     last_pass: list = []  # this step's PassRecord, for the trace
     if trace is not None:
-        engine.trace_passes(last_pass.append)
+        engine.scheduler.observe(trace.observe)
+        engine.trace_passes(last_pass.append, device_time=True)
     busy_s = 0.0  # seconds spent in engine.step()
     while True:
         batch = [] if engine.has_unfinished() else [commands.get()]  # idle: sleep until a command comes
