@@ -1,8 +1,9 @@
 """A profile: one versioned JSON file with the measured passes of one (model, card, dtype, parallelism), the
 fitted cost model, the spread of pass times, the KV capacity the engine gets on that card, (from version 3)
 what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
-(``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``) and (from
-version 7) knees in its attention terms. All are optional, and files of versions 2 to 6 still load.
+(``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``), (from
+version 7) knees in its attention terms and (from version 8) the card's heat in the serving section. All are
+optional, and files of versions 2 to 7 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -26,16 +27,17 @@ from calibration.cost_model import (
     with_unknown_contexts,
 )
 from calibration.energy import EnergyModel
-from calibration.serving import ServingModel
+from calibration.serving import PrefillHeat, ServingModel
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
 # 3: an optional "serving" section; 4: an optional "energy" section; 5: the serving section's delivery grows with a
 # pass's sampled entries; 6: the cost model may hold a decode table (``calibration.decode_table``); 7: each path's
-# model has knees and a decode launch term, and points carry the longest decode and chunk contexts. Versions 2-6
-# are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not known).
-VERSION = 7
-READS = (2, 3, 4, 5, 6, 7)
+# model has knees and a decode launch term, and points carry the longest decode and chunk contexts; 8: the serving
+# section's path scales may grow with the card's heat (``calibration.serving.PrefillHeat``). Versions 2-7 are read
+# too (no knees, no launch term; points without the longest contexts hold 0 for them, not known; no heat).
+VERSION = 8
+READS = (2, 3, 4, 5, 6, 7, 8)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -68,13 +70,19 @@ class Profile:
                 f"{self.num_kv_blocks} KV blocks of {self.block_size})")
 
     # -- prediction (the simulator's hot path) ---------------------------------------------------------------
-    def predict(self, f: PassFeatures) -> float:
+    def predict(self, f: PassFeatures, heat: float = 0.0) -> float:
         """Median seconds of one pass with features ``f`` (``plan_features(plan)``): the engine step as the sweep
         timed it, or, where the profile has its serving section, as the server runs it, with the serving loop's
-        work until the next step."""
+        work until the next step, on a card of that ``heat`` (``new_heat``)."""
         serving = self.serving
-        return (serving.path_scale[self.model.path(f)] * self.model.predict(f)
+        return (serving.scale(self.model.path(f), heat) * self.model.predict(f)
                 + serving.loop_seconds(f.num_samples) + serving.spread_seconds(f))
+
+    def new_heat(self) -> PrefillHeat | None:
+        """A fresh ``PrefillHeat`` of the card (what a simulated replica keeps and passes to ``predict``), or None
+        where no pass's time depends on it."""
+        serving = self.serving
+        return PrefillHeat(serving.heat_tau_s) if serving is not None and serving.heats else None
 
     def admission_seconds(self, prompt_tokens, uniforms):
         """From a client's send until the engine has the request, per prompt length and uniform draw (0 without a

@@ -22,7 +22,13 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
 - delivery, from the end of the pass that made a token until the client has it (the pipe, detokenizing, the
   stream): ``delivery_q`` (its median alone: a fresh draw per pass would add gaps between one stream's tokens that
   they do not have) plus ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes
-  and streams a pass's outputs one after another (from profile version 5; older sections have no such term).
+  and streams a pass's outputs one after another (from profile version 5; older sections have no such term);
+- the card's clock under a stream of prompt work (from profile version 8): the path's scale is
+  ``path_scale + heat_scale x heat``, where ``heat`` (``PrefillHeat``, 0 to 1) is the share of the last
+  ``heat_tau_s`` or so the engine spent in passes with prompt tokens. Such passes draw the card to its power limit,
+  where it lowers its clock, and every pass then runs slower; the sweep times each pass alone, at the clock its own
+  repeats leave. Served passes replayed alone on the same card (``benchmarks/served_replay_gpu.py``) run 9% faster
+  where they had followed prompt chunks, and as fast where they had not.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PATHS = ("decode-graph", "mixed-graph", "eager")
-NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s")
+NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
+           "heat_tau_s")
+HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
 # Below twice the mean, the longest decode context costs nothing the sum of contexts does not already price: on a
 # heavy-tailed chat mix (calibration/VALIDATION.md, twelfth round) steps under 1.7 times the mean were on the model.
@@ -47,6 +55,36 @@ def decode_spread_tokens(decode_tokens: int, prefill_tokens: int, decode_context
     if not decode_tokens or prefill_tokens:
         return 0.0
     return max(0.0, decode_max_context - SPREAD_KNEE * decode_context / decode_tokens)
+
+
+class PrefillHeat:
+    """The share of recent time the engine spent in passes with prompt tokens, weighted by exp(-age / ``tau_s``):
+    0 on a card that only decoded (or idled), 1 on one that ran nothing but prompt chunks."""
+
+    __slots__ = ("tau_s", "value", "since")
+
+    def __init__(self, tau_s: float = HEAT_TAU_S) -> None:
+        self.tau_s, self.value, self.since = float(tau_s), 0.0, 0.0
+
+    def at(self, now: float) -> float:
+        """The heat at ``now`` (not before the end of the last pass added)."""
+        return self.value * math.exp(-max(0.0, now - self.since) / self.tau_s)
+
+    def add(self, start: float, end: float, prefill_tokens: int) -> None:
+        """A pass ran from ``start`` to ``end`` with ``prefill_tokens`` prompt tokens."""
+        kept = math.exp(-max(0.0, end - start) / self.tau_s)
+        self.value = self.at(start) * kept + (1.0 - kept if prefill_tokens else 0.0)
+        self.since = end
+
+
+def prefill_heats(passes: Sequence[Mapping], tau_s: float = HEAT_TAU_S) -> list[float]:
+    """The heat at the start of each traced pass of one engine, in order (rows with ``start``, ``updated`` and
+    ``prefill_tokens``)."""
+    heat, heats = PrefillHeat(tau_s), []
+    for p in passes:
+        heats.append(heat.at(p["start"]))
+        heat.add(p["start"], p["updated"], p["prefill_tokens"])
+    return heats
 
 
 def _check(name: str, value, low: float = 0.0) -> float:
@@ -66,13 +104,15 @@ def _quantiles(name: str, values: Sequence[float]) -> np.ndarray:
 class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
-    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "fit", "_delivery_base")
+    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "fit", "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
                  path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None,
-                 delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0) -> None:
+                 delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0,
+                 heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
+        self.heat_tau_s = _check("heat_tau_s", heat_tau_s, 1e-3)
         self.admission_per_token_s = _check("admission_per_token_s", admission_per_token_s)
         self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
         self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
@@ -84,7 +124,21 @@ class ServingModel:
         if unknown:
             raise ValueError(f"serving path_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
         self.path_scale = {p: _check(f"path_scale[{p}]", scale.get(p, 1.0), 1e-3) for p in PATHS}
+        heat = dict(heat_scale or {})
+        unknown = [p for p in heat if p not in PATHS]
+        if unknown:
+            raise ValueError(f"serving heat_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
+        self.heat_scale = {p: _check(f"heat_scale[{p}]", heat.get(p, 0.0)) for p in PATHS}
         self.fit = dict(fit or {})
+
+    @property
+    def heats(self) -> bool:
+        """Whether a pass's time depends on the card's heat (some path has a heat scale)."""
+        return any(self.heat_scale.values())
+
+    def scale(self, path: str, heat: float = 0.0) -> float:
+        """Served step / swept step on ``path`` at ``heat`` (``PrefillHeat``)."""
+        return self.path_scale[path] + self.heat_scale[path] * heat
 
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
@@ -110,13 +164,15 @@ class ServingModel:
 
     def to_dict(self) -> dict:
         return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
-                "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale, "fit": self.fit}
+                "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
+                "heat_scale": self.heat_scale, "fit": self.fit}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
+        """Also reads sections of profile versions before 8: no heat scale (every pass at the path's scale)."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
-        unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "fit")]
+        unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "fit")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
@@ -151,7 +207,8 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     """A ``ServingModel`` from served measurements. ``passes``: rows (mappings or a DataFrame) with ``path``,
     ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples``, ``serving_s``
     (the loop's work before the next step; NaN where the engine then idled) and optionally ``spread_tokens``
-    (``decode_spread_tokens``; 0 where missing). ``requests``: rows with
+    (``decode_spread_tokens``; 0 where missing) and ``heat`` (``prefill_heats`` with ``HEAT_TAU_S``; where missing, or
+    where a path's passes span too little of it, the path's scale is a constant). ``requests``: rows with
     ``prompt_tokens``, ``admission_s``, ``delivery_s`` and ``num_samples`` (sampled entries of the pass that made the
     delivered token), and optionally ``light`` (sent to a lightly loaded server; NaN delivery). Admission's growth
     with prompt length (from the other rows, an open-loop flood's), and delivery's with the pass's sampled entries,
@@ -160,19 +217,19 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     intercept."""
     import pandas as pd
 
-    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens"])
+    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens",
+                                           "heat"])
     passes["spread_tokens"] = passes["spread_tokens"].fillna(0.0)
+    passes["heat"] = passes["heat"].fillna(0.0)
     requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples", "light"])
     light = requests.pop("light").eq(True).to_numpy()
-    scale, scale_fit = {}, {}
+    scale, heat_scale, scale_fit = {}, {}, {}
     # the scale describes the passes the swept model covers: decode steps with a spread of contexts are priced apart
     for path, part in passes[passes["spread_tokens"] == 0].groupby("path"):
-        (ratio,) = _finite(part["pass_s"] / part["model_s"])
+        ratio, heat = _finite(part["pass_s"] / part["model_s"], part["heat"])
         if len(ratio) >= min_count:
-            scale[path] = float(np.median(ratio))
-            scale_fit[path] = {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)),
-                               "p90": float(np.percentile(ratio, 90))}
-    spread_s, spread_fit = _spread(passes, scale, min_count)
+            scale[path], heat_scale[path], scale_fit[path] = _heat_line(heat, ratio)
+    spread_s, spread_fit = _spread(passes, scale, heat_scale, min_count)
     samples, serving = _finite(passes["num_samples"], passes["serving_s"])
     prompts, admission = _finite(requests["prompt_tokens"][~light], requests["admission_s"][~light])
     light_prompts, light_admission = _finite(requests["prompt_tokens"][light], requests["admission_s"][light])
@@ -198,14 +255,37 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                         "samples_range": delivery_fit["x_range"]},
            **(source or {})}
     return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
-                        delivery_per_sample, spread_s)
+                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S)
 
 
-def _spread(passes, scale: Mapping[str, float], min_count: int) -> tuple[float, dict]:
+MIN_HEAT_RANGE = 0.2  # a path's passes must span this much heat (p10 to p90) to fit its growth with it
+
+
+def _heat_line(heat: np.ndarray, ratio: np.ndarray) -> tuple[float, float, dict]:
+    """(scale at heat 0, growth per unit of heat, fit summary) of one path's served / swept step: the Theil-Sen
+    line (robust to the odd slow pass), its slope at least 0 (a hotter card never runs faster); the median ratio
+    alone where the passes span under ``MIN_HEAT_RANGE`` of heat."""
+    from scipy.stats import theilslopes
+
+    summary = {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)), "p90": float(np.percentile(ratio, 90)),
+               "heat_p10": float(np.percentile(heat, 10)), "heat_p90": float(np.percentile(heat, 90))}
+    slope = 0.0
+    if summary["heat_p90"] - summary["heat_p10"] >= MIN_HEAT_RANGE:
+        step = max(1, len(ratio) // 2000)  # every step-th pass: the line costs pairs of passes
+        slope = max(0.0, float(theilslopes(ratio[::step], heat[::step])[0]))
+    level = float(np.median(ratio - slope * heat))
+    residual = np.abs(ratio / (level + slope * heat) - 1.0)
+    return level, slope, {**summary, "median_abs_residual": float(np.median(residual)),
+                          "median_abs_residual_constant": float(np.median(np.abs(ratio / np.median(ratio) - 1.0)))}
+
+
+def _spread(passes, scale: Mapping[str, float], heat_scale: Mapping[str, float], min_count: int) -> tuple[float, dict]:
     """``decode_spread_s``: least squares through 0 of what each path's scale leaves of the decode-only passes with a
     spread of contexts, against their spread (0 with fewer than ``min_count`` such passes); and its fit summary."""
     spread = passes["spread_tokens"].to_numpy(dtype=float)
-    left = passes["pass_s"] - passes["path"].map(lambda p: scale.get(p, 1.0)) * passes["model_s"]
+    scaled = passes["path"].map(lambda p: scale.get(p, 1.0)) + passes["path"].map(
+        lambda p: heat_scale.get(p, 0.0)) * passes["heat"]
+    left = passes["pass_s"] - scaled * passes["model_s"]
     x, y = _finite(spread[spread > 0], left.to_numpy(dtype=float)[spread > 0])
     if len(x) < min_count:
         return 0.0, {"n": int(len(x)), "knee": SPREAD_KNEE}

@@ -24,6 +24,8 @@ class CostModel(Protocol):
     ``admission_seconds(prompt_tokens, uniforms)`` is the time from a client's send until the engine has a request
     (arrays, one per request), ``delivery_seconds(num_samples)`` from the end of a pass that sampled that many entries
     until the client has its tokens. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
+    Optionally, ``new_heat()`` gives a ``calibration.serving.PrefillHeat`` (or None): a replica then keeps it, adds
+    each pass to it and calls ``predict(features, heat)`` with its value when the pass starts.
     """
 
     block_size: int

@@ -78,6 +78,7 @@ class Replica:
         # see (finished requests, going idle) the SimPy clock is brought exactly to ``now``.
         env, sched, predict, delivery = self.env, self.scheduler, self.cost.predict, self.cost.delivery_seconds
         hist, on_finish = self.tokens_per_pass, self.on_finish
+        heat = self.cost.new_heat() if hasattr(self.cost, "new_heat") else None  # optional in CostModel
         factors: list[float] = []
         now = env.now
         while True:
@@ -95,10 +96,12 @@ class Replica:
                                    "scheduled (KV cache or max_num_seqs too small)")
             # the cost model's median, times a noise factor drawn from the profile's measured spread
             features = plan_features(plan)
-            seconds = predict(features)
+            seconds = predict(features) if heat is None else predict(features, heat.at(now))
             if self.noise:
                 factors = factors or self._noise_factors()
                 seconds *= factors.pop()
+            if heat is not None:
+                heat.add(now, now + seconds, features.prefill_tokens)
             self.busy_time += seconds
             self.decode_context += features.decode_context
             self.prefill_attention += features.prefill_attention

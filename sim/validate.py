@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.serving import decode_spread_tokens
+from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats
 from engine.policy import PassFeatures, PolicyConfig
 from engine.policy.options import config_flags
 from sim.bench import Record, make_prompts, run_spread, to_result
@@ -118,6 +118,9 @@ class ServedCost:
         self.block_size, self.meta = cost.block_size, cost.meta
         self.predict, self.noise_factors = cost.predict, cost.noise_factors
         self.admission_seconds, self.delivery_seconds = cost.admission_seconds, cost.delivery_seconds
+
+    def new_heat(self):
+        return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None
 
 
 # -- the server ----------------------------------------------------------------------------------------------
@@ -362,18 +365,21 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     (``predicted_s``). ``pass_s`` spans what a profile's sweep times (schedule, run, sample, update); ``loop_s``
     runs until the next step began, the serving loop's own work (outputs, sending, commands) included, and
     ``serving_s`` is that work alone: both only where the next step began at once (else NaN: the engine went
-    idle).
+    idle). ``heat``: the card's heat when the pass began (``calibration.serving.prefill_heats`` over the engine's
+    whole trace, with the cost's own time constant where it has a heat), which the prediction takes.
 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
     one's start, its prediction their sum) and theirs keep only ``serving_s``."""
     lo, hi = measured.window
     rows = []
+    card = cost.new_heat() if hasattr(cost, "new_heat") else None
     for replica, engine_passes in enumerate(passes):
+        heats = prefill_heats(engine_passes, card.tau_s if card is not None else HEAT_TAU_S)
         run_start, run_predicted, run_passes = None, 0.0, 0  # the passes since the last that waited for the GPU
         for i, p in enumerate(engine_passes):
             features = PassFeatures.from_mapping(p)
-            predicted = cost.predict(features)
+            predicted = cost.predict(features) if card is None else cost.predict(features, heats[i])
             following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
             busy = following is not None and following - p["sent"] < 1e-3
             unsynced = p["num_samples"] == 0 and busy
@@ -382,7 +388,7 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
                 run_start, run_predicted, run_passes = start, run_predicted + predicted, run_passes + 1
             if lo <= p["start"] <= hi:
                 rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
-                             "num_outputs": p["num_outputs"], **features._asdict(),
+                             "num_outputs": p["num_outputs"], **features._asdict(), "heat": heats[i],
                              "passes": 0 if unsynced else run_passes + 1,
                              "pass_s": float("nan") if unsynced else p["updated"] - start,
                              "loop_s": following - start if busy and not unsynced else float("nan"),
@@ -584,7 +590,7 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
         trace_passes, trace_requests = traces[name]
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
-                           "num_samples": p["num_samples"], "serving_s": p["serving_s"],
+                           "num_samples": p["num_samples"], "serving_s": p["serving_s"], "heat": p["heat"],
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["prefill_tokens"],
                                                                  p["decode_context"], p["decode_max_context"])})
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from calibration.profile import load_profile
-from calibration.serving import ServingModel, decode_spread_tokens, fit_serving
+from calibration.serving import PATHS, PrefillHeat, ServingModel, decode_spread_tokens, fit_serving, prefill_heats
 from engine.policy import BatchPlan, PolicyConfig, plan_features
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost
@@ -134,3 +134,60 @@ def test_no_requests_to_fit_is_a_clear_error():
     passes = [{"path": "decode-graph", "pass_s": 0.01, "model_s": 0.01, "num_samples": 4, "serving_s": 1e-4}] * 20
     with pytest.raises(ValueError, match="admission needs at least 10 measurements, got 0 .*open-loop overload"):
         fit_serving(passes, [])
+
+
+def test_the_heat_is_the_recent_share_of_time_in_prompt_passes():
+    """Exponentially weighted (time constant tau): a stream of prompt passes heats the card towards 1, one that
+    alternates them with decode steps of equal length towards about half, idling and decoding cool it."""
+    heat = PrefillHeat(0.1)
+    heat.add(0.0, 0.1, prefill_tokens=512)
+    assert heat.at(0.1) == pytest.approx(1 - np.exp(-1))
+    assert heat.at(0.2) == pytest.approx((1 - np.exp(-1)) * np.exp(-1))  # idle for one tau
+    heat.add(0.2, 0.3, prefill_tokens=0)  # a decode step cools it as idling does
+    assert heat.at(0.3) == pytest.approx((1 - np.exp(-1)) * np.exp(-2))
+    rows = [{"start": 0.01 * i, "updated": 0.01 * (i + 1), "prefill_tokens": 256 * (i % 2)} for i in range(400)]
+    heats = prefill_heats(rows, 0.1)
+    assert heats[0] == 0 and np.mean(heats[200:]) == pytest.approx(0.5, abs=0.03)
+    assert prefill_heats([{**r, "prefill_tokens": 64} for r in rows], 0.1)[-1] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_paths_scale_grows_with_the_heat_where_its_passes_span_it():
+    """Served / swept = 0.95 + 0.1 x heat (plus noise): the fit finds the line; passes that all ran at about one
+    heat leave it a constant (their median), and a slope below 0 (a hotter card never runs faster) is cut to 0."""
+    passes, requests = synthetic()
+    rng = np.random.default_rng(3)
+    n = len(passes["pass_s"])
+    heat = rng.uniform(0, 1, n)
+    ratio = 0.95 + 0.1 * heat + rng.normal(0, 0.01, n)
+    s = fit_serving({**passes, "heat": heat, "pass_s": ratio * passes["model_s"]}, requests)
+    assert s.path_scale["decode-graph"] == pytest.approx(0.95, abs=0.005)
+    assert s.heat_scale["decode-graph"] == pytest.approx(0.1, abs=0.01)
+    assert s.scale("decode-graph", 0.5) == pytest.approx(1.0, abs=0.005) and s.heats
+    narrow = fit_serving({**passes, "heat": 0.9 + 0.1 * heat, "pass_s": ratio * passes["model_s"]}, requests)
+    assert narrow.heat_scale["decode-graph"] == 0 and not narrow.heats
+    assert narrow.path_scale["decode-graph"] == pytest.approx(np.median(ratio))
+    falling = fit_serving({**passes, "heat": heat, "pass_s": (2 - ratio) * passes["model_s"]}, requests)
+    assert falling.heat_scale["decode-graph"] == 0
+    back = ServingModel.from_dict(s.to_dict())
+    assert back.heat_scale == s.heat_scale and back.heat_tau_s == s.heat_tau_s
+    assert not ServingModel.from_dict({k: v for k, v in s.to_dict().items() if k != "heat_scale"}).heats  # < v8
+    with pytest.raises(ValueError, match="heat_scale"):
+        ServingModel.from_dict({**s.to_dict(), "heat_scale": {"decode-graph": -0.1}})
+
+
+def test_a_hot_card_slows_the_simulated_passes():
+    """A profile whose passes run 20% slower per unit of heat: a replica fed prompts back to back heats up and its
+    requests take longer than under the same section without heat; without heat the replica keeps none."""
+    profile = load_profile("llama-2-7b-h200")
+    section = profile.serving.to_dict()
+    hot = profile.with_serving(ServingModel.from_dict({**section, "heat_scale": {p: 0.2 for p in PATHS}}))
+    flat = profile.with_serving(ServingModel.from_dict({**section, "heat_scale": {}}))
+    assert flat.new_heat() is None and hot.new_heat().tau_s == section["heat_tau_s"]
+    f = plan_features(BatchPlan(num_new_tokens=[512], start_positions=[0], samples=[True], num_prefill_tokens=512))
+    assert hot.predict(f, 1.0) - hot.predict(f, 0.0) == pytest.approx(0.2 * profile.model.predict(f))
+    table = RequestTable(arrivals=np.zeros(40), prompt_tokens=np.full(40, 2000), output_tokens=np.full(40, 20))
+    runs = {name: simulate(table, ClusterConfig(cost, replicas=1, policy=PolicyConfig()), seed=0).requests
+            for name, cost in (("hot", hot), ("flat", flat))}
+    assert runs["hot"].e2e.mean() > 1.05 * runs["flat"].e2e.mean()
+    again = simulate(table, ClusterConfig(hot, replicas=1, policy=PolicyConfig()), seed=0).requests
+    assert again.e2e.tolist() == runs["hot"].e2e.tolist()
