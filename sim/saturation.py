@@ -43,17 +43,30 @@ def estimate_capacity(config, workload: Workload) -> float:
     return rate
 
 
+STEADY_ROUNDS = 50  # rounds of the steady pass stream run before the one priced
+
+
 def _pass_seconds(cost, decodes: int, prefill: int, chunks: int, p: float, o: float, mixes: bool) -> float:
     """Predicted seconds of ``decodes`` decodes halfway through their outputs and ``prefill`` prompt tokens as
     ``chunks`` equal chunks, each halfway through what is left of its prompt: one pass, or two where the scheduler
-    does not mix them."""
+    does not mix them; where the cost has a heat (``CostModel.new_heat``), in a steady stream of such passes."""
     sizes = [prefill // chunks + (i < prefill % chunks) for i in range(chunks)]
     decode = BatchPlan(num_new_tokens=[1] * decodes, start_positions=[p + o / 2 - 1] * decodes,
                        samples=[True] * decodes, num_decodes=decodes, num_prefill_tokens=0)
     prompts = BatchPlan(num_new_tokens=sizes, start_positions=[max(0.0, (p - size) / 2) for size in sizes],
                         samples=[prefill >= round(p)] * chunks, num_decodes=0, num_prefill_tokens=prefill)
-    passes = [_joined(decode, prompts)] if mixes else [decode, prompts]
-    return sum(cost.predict(plan_features(plan)) for plan in passes)
+    features = [plan_features(plan) for plan in ([_joined(decode, prompts)] if mixes else [decode, prompts])]
+    heat = cost.new_heat() if hasattr(cost, "new_heat") else None  # optional in CostModel
+    if heat is None:
+        return sum(cost.predict(f) for f in features)
+    now = seconds = 0.0
+    for _ in range(STEADY_ROUNDS):  # the card's heat settles within a few of its time constants
+        seconds = 0.0
+        for f in features:
+            t = cost.predict(f, heat.at(now))
+            heat.add(now, now + t, f.prefill_tokens)
+            now, seconds = now + t, seconds + t
+    return seconds
 
 
 def _joined(decode: BatchPlan, prompts: BatchPlan) -> BatchPlan:
