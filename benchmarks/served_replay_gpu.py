@@ -28,7 +28,7 @@ from benchmarks.common import card_name, write_results
 from calibration.plans import PassSpec, build_plan, release
 from engine.config import EngineConfig
 from engine.llm import LLMEngine
-from engine.policy import PolicyConfig, plan_features
+from engine.policy import PassFeatures, PolicyConfig, plan_features
 
 DECODE_BINS = ((0, 0), (1, 16), (17, 64), (65, 128), (129, 100_000))
 PHASES = ("sched_s", "launch_s", "run_s", "device_s", "update_s", "span_s")
@@ -112,6 +112,9 @@ def main() -> None:
     passes = read_traces(trace_files(args.validate_dir, args.server, 1))[0][0][args.skip_first:]
     rng = np.random.default_rng(args.seed)
     picked = sample(passes, args.per_stratum, rng)
+    if not picked:
+        parser.error(f"no traced pass of {args.server} in {args.validate_dir} has a shape to run again (traces "
+                     "before commit bee5ad1 have none, and --skip-first may leave too few passes)")
     policy = PolicyConfig(scheduler=scheduler, max_num_batched_tokens=int(budget))
     llm = LLMEngine(EngineConfig(meta["model"], policy, **meta["engine_options"]))
     cost = None
@@ -132,8 +135,6 @@ def main() -> None:
         row = {"stratum": stratum(p), "path": p["path"], "same_features": same, **features,
                **{f"served_{k}": v for k, v in served.items()}, **{f"replay_{k}": v for k, v in again.items()}}
         if cost is not None:
-            from engine.policy import PassFeatures
-
             row["predicted_s"] = cost.predict(PassFeatures.from_mapping(p))
         rows.append(row)
     print(f"finished {time.strftime('%H:%M:%S', time.gmtime())} UTC; passes whose replay has other features: "
