@@ -2,8 +2,8 @@
 fitted cost model, the spread of pass times, the KV capacity the engine gets on that card, (from version 3)
 what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
 (``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``), (from
-version 7) knees in its attention terms and (from version 8) the card's heat in the serving section. All are
-optional, and files of versions 2 to 7 still load.
+version 7) knees in its attention terms, (from version 8) the card's heat in the serving section and (from version
+9) a knee in its loop. All are optional, and files of versions 2 to 8 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -34,10 +34,11 @@ FORMAT = "splitfuse-profile"
 # 3: an optional "serving" section; 4: an optional "energy" section; 5: the serving section's delivery grows with a
 # pass's sampled entries; 6: the cost model may hold a decode table (``calibration.decode_table``); 7: each path's
 # model has knees and a decode launch term, and points carry the longest decode and chunk contexts; 8: the serving
-# section's path scales may grow with the card's heat (``calibration.serving.PrefillHeat``). Versions 2-7 are read
-# too (no knees, no launch term; points without the longest contexts hold 0 for them, not known; no heat).
-VERSION = 8
-READS = (2, 3, 4, 5, 6, 7, 8)
+# section's path scales may grow with the card's heat (``calibration.serving.PrefillHeat``); 9: the serving loop's
+# work may grow faster per sampled entry past a knee. Versions 2-8 are read too (no knees, no launch term; points
+# without the longest contexts hold 0 for them, not known; no heat; a loop of one line).
+VERSION = 9
+READS = (2, 3, 4, 5, 6, 7, 8, 9)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 

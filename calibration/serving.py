@@ -7,8 +7,11 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
 - the step itself, on a GPU that runs passes back to back with an API process beside it: ``path_scale``, per
   execution path, the median of served step time / the profile's prediction;
 - the engine loop's own work before the next step (building each sampled request's output, sending them to the
-  API process, taking in commands): ``per_pass_s`` + ``per_sample_s`` x sampled entries, a line through the
-  traced passes whose next step followed at once;
+  API process, taking in commands): ``per_pass_s`` + ``per_sample_s`` x sampled entries, and from ``loop_knee``
+  entries on a further ``per_sample_above_knee_s`` each (from profile version 9): a convex broken line through the
+  traced passes whose next step followed at once. Served, the loop's work per entry grows with the batch, steeply
+  past about 128 entries, which only overload runs reach; one line through their thousands of full-batch passes
+  over-priced every pass of the cells below;
 - admission, from the client's send until the engine process has the request (HTTP, JSON, tokenizing, the pipe):
   ``admission_per_token_s`` x prompt tokens plus a draw from ``admission_q``, its measured distribution, as
   quantiles. The distribution comes from requests sent to a lightly loaded server (the warm-up's closed-loop
@@ -40,7 +43,7 @@ import numpy as np
 
 PATHS = ("decode-graph", "mixed-graph", "eager")
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
-           "heat_tau_s")
+           "heat_tau_s", "loop_knee", "per_sample_above_knee_s")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
 # Below twice the mean, the longest decode context costs nothing the sum of contexts does not already price: on a
@@ -110,8 +113,11 @@ class ServingModel:
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
                  path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None,
                  delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0,
-                 heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S) -> None:
+                 heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S,
+                 loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
+        self.loop_knee = _check("loop_knee", loop_knee)
+        self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
         self.heat_tau_s = _check("heat_tau_s", heat_tau_s, 1e-3)
         self.admission_per_token_s = _check("admission_per_token_s", admission_per_token_s)
         self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
@@ -142,7 +148,8 @@ class ServingModel:
 
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
-        return self.per_pass_s + self.per_sample_s * num_samples
+        return (self.per_pass_s + self.per_sample_s * num_samples
+                + self.per_sample_above_knee_s * max(0.0, num_samples - self.loop_knee))
 
     def spread_seconds(self, f) -> float:
         """What a decode-only pass with features ``f`` takes beyond the path's scaled prediction, for the spread of
@@ -169,7 +176,8 @@ class ServingModel:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
-        """Also reads sections of profile versions before 8: no heat scale (every pass at the path's scale)."""
+        """Also reads sections of profile versions before 8 (no heat scale: every pass at the path's scale) and 9
+        (no knee in the loop: one line)."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "fit")]
@@ -239,7 +247,7 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
             raise ValueError(f"fitting the serving {name} needs at least {min_count} measurements, got {n}"
                              + ("" if name == "loop" else " (requests come from open-loop overload runs, which a "
                                                           "grid of --loads makes)"))
-    per_pass, per_sample, loop_fit = _line(samples, serving, "loop")
+    per_pass, per_sample, knee, above, loop_fit = _loop_line(samples, serving)
     _, per_token, _ = _line(*_bin_medians(prompts, admission), "admission")
     admitted_by = "light load" if len(light_admission) >= min_count else "overload"
     if admitted_by == "light load":
@@ -255,7 +263,41 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                         "samples_range": delivery_fit["x_range"]},
            **(source or {})}
     return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
-                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S)
+                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S, knee, above)
+
+
+LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans
+MIN_BIN_PASSES = 5  # passes a bin needs to count
+
+
+def _loop_line(samples: np.ndarray, serving: np.ndarray) -> tuple[float, float, float, float, dict]:
+    """(per pass, per sampled entry, knee, further per entry from the knee on, fit summary) of the loop's work: the
+    convex broken line, knee on a multiple of ``LOOP_BIN``, that fits best (least squares, every term at least 0)
+    the medians of bins of ``LOOP_BIN`` entries. Medians, so that the odd slow pass does not bend the line, and bins,
+    so that the thousands of passes an overload run makes at the engine's largest batch do not outweigh the range
+    that cells below saturation run in."""
+    import pandas as pd
+    from scipy.optimize import lsq_linear
+
+    frame = pd.DataFrame({"x": samples, "y": serving, "bin": (samples // LOOP_BIN).astype(np.int64)})
+    grouped = frame.groupby("bin")
+    medians = grouped.median()[grouped.size() >= MIN_BIN_PASSES]
+    if len(medians) < 3:  # too few bins to bend: one line through the passes
+        per_pass, per_sample, summary = _line(samples, serving, "loop")
+        return per_pass, per_sample, 0.0, 0.0, summary
+    x, y = medians["x"].to_numpy(), medians["y"].to_numpy()
+    best = None
+    for knee in [0.0, *np.arange(2 * LOOP_BIN, x.max(), LOOP_BIN)]:
+        A = np.column_stack([np.ones_like(x), x, np.maximum(0.0, x - knee) if knee else np.zeros_like(x)])
+        coef = lsq_linear(A, y, bounds=(0.0, np.inf)).x
+        sse = float(np.sum((y - A @ coef) ** 2))
+        if best is None or sse < best[0] - 1e-15:
+            best = (sse, float(knee) if coef[2] > 0 else 0.0, coef)
+    _, knee, (per_pass, per_sample, above) = best
+    residual = np.abs(serving - (per_pass + per_sample * samples + above * np.maximum(0.0, samples - knee)))
+    return float(per_pass), float(per_sample), knee, float(above), {
+        "n": int(len(serving)), "x_range": [float(samples.min()), float(samples.max())], "bins": int(len(x)),
+        "median_abs_residual_s": float(np.median(residual)), "p95_abs_residual_s": float(np.percentile(residual, 95))}
 
 
 MIN_HEAT_RANGE = 0.2  # a path's passes must span this much heat (p10 to p90) to fit its growth with it

@@ -191,3 +191,31 @@ def test_a_hot_card_slows_the_simulated_passes():
     assert runs["hot"].e2e.mean() > 1.05 * runs["flat"].e2e.mean()
     again = simulate(table, ClusterConfig(hot, replicas=1, policy=PolicyConfig()), seed=0).requests
     assert again.e2e.tolist() == runs["hot"].e2e.tolist()
+
+
+def test_the_loop_bends_where_its_work_per_entry_grows():
+    """Served, the loop's work per sampled entry grows past a batch size that only overload runs reach: a line
+    through both would over-price every pass below it."""
+    passes, requests = synthetic()
+    rng = np.random.default_rng(1)
+    samples = rng.integers(1, 257, len(passes["num_samples"]))
+    bent = 1e-4 + 8e-6 * samples + 1.2e-5 * np.maximum(0, samples - 128)
+    passes = {**passes, "num_samples": samples, "serving_s": bent + rng.exponential(2e-5, len(samples))}
+    s = fit_serving(passes, requests)
+    assert abs(s.loop_knee - 128) <= 16
+    assert s.per_sample_s == pytest.approx(8e-6, rel=0.15) and s.per_sample_above_knee_s == pytest.approx(
+        1.2e-5, rel=0.2)
+    for n in (10, 100, 250):  # the tail's median rides on the line
+        assert s.loop_seconds(n) == pytest.approx(1e-4 + 8e-6 * n + 1.2e-5 * max(0, n - 128), abs=3e-5)
+    assert ServingModel.from_dict(s.to_dict()).loop_seconds(250) == s.loop_seconds(250)
+    straight = fit_serving(*synthetic())  # no bend in the passes: (nearly) none in the fit
+    assert straight.loop_seconds(199) - straight.loop_seconds(100) == pytest.approx(99 * 1e-5, rel=0.1)
+
+
+def test_a_section_without_a_knee_prices_the_loop_on_one_line():
+    older = {"per_pass_s": 1e-4, "per_sample_s": 1e-5, "admission_per_token_s": 0.0, "admission_q": [0.003],
+             "delivery_q": [0.0025], "path_scale": {}, "fit": {}}  # profile versions before 9
+    s = ServingModel.from_dict(older)
+    assert s.loop_seconds(300) == pytest.approx(1e-4 + 300 * 1e-5)
+    with pytest.raises(ValueError, match="loop_knee"):
+        ServingModel.from_dict({**older, "loop_knee": -1})
