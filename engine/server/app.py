@@ -18,6 +18,7 @@ from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient, EngineDead, QueueFull, RequestStream, ServerShutdown
 from engine.server.engine_core import EngineSpec
 from engine.server.guards import error_response, fastapi_options, install_guards
+from engine.server.heap import freeze_startup_heap, unfreeze_heap
 from engine.server.metrics import CONTENT_TYPE
 from engine.server.protocol import APIError, ChatRequest, CompletionRequest, parse_checked
 from engine.server.workers import ParserPool
@@ -263,8 +264,10 @@ def create_app(engine, model_name: str, max_waiting: int = 1024, config: ServerC
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await server.loop.start()
+        freeze_startup_heap()
         yield
         await server.loop.stop()
+        unfreeze_heap()
         server.parsers.shutdown()
 
     app = FastAPI(title="splitfuse", lifespan=lifespan, **fastapi_options(config))

@@ -28,6 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from engine.server.heap import freeze_startup_heap
+
 INIT_ENV = "SPLITFUSE_ENGINE_INIT"  # "module:function" called in the engine process before the engine is built
 
 
@@ -142,6 +144,7 @@ def engine_main(spec: EngineSpec, cmd_conn, out_conn) -> None:
     except BaseException as e:  # noqa: BLE001 - reported to the API process, which raises it
         out_conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
+    freeze_startup_heap()
     run_engine(engine, cmd_conn, out_conn, pid=os.getpid(), pass_trace=spec.pass_trace)
 
 

@@ -34,6 +34,7 @@ from engine.policy import PolicyConfig, ReplicaLoad, estimate_kv_usage, make_bal
 from engine.policy.options import config_flags
 from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S, ServerConfig
 from engine.server.guards import error_response, fastapi_options, install_guards
+from engine.server.heap import freeze_startup_heap, unfreeze_heap
 from engine.server.metrics import CONTENT_TYPE, ReplicaMetrics
 from engine.server.protocol import APIError
 from engine.server.workers import die_with_parent
@@ -284,9 +285,11 @@ def create_router_app(router: Router, config: ServerConfig | None = None) -> Fas
         await router.start()
         await asyncio.gather(*(router.check(r) for r in router.replicas))
         task = asyncio.create_task(router.health_loop())
+        freeze_startup_heap()
         yield
         task.cancel()
         await router.stop()
+        unfreeze_heap()
 
     app = FastAPI(title="splitfuse router", lifespan=lifespan, **fastapi_options(config))
     app.state.router = router
