@@ -176,8 +176,8 @@ class ServingModel:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
-        """Also reads sections of profile versions before 8 (no heat scale: every pass at the path's scale) and 9
-        (no knee in the loop: one line)."""
+        """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
+        before 9 no knee in the loop (one line)."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "fit")]

@@ -840,8 +840,10 @@ def _command():
             cost = bare.with_serving(serving)
             cost.save(fit_serving)
             fit_ = serving.fit
+            knee = (f" (+ {serving.per_sample_above_knee_s * 1e6:.2f} us past {serving.loop_knee:.0f})"
+                    if serving.per_sample_above_knee_s else "")
             click.echo(f"serving: loop {serving.per_pass_s * 1e3:.3f} ms a pass + {serving.per_sample_s * 1e6:.2f} "
-                       f"us a sampled entry; admission median {fit_['admission']['p50_s'] * 1e3:.2f} ms (mean "
+                       f"us a sampled entry{knee}; admission median {fit_['admission']['p50_s'] * 1e3:.2f} ms (mean "
                        f"{fit_['admission']['mean_s'] * 1e3:.2f}; {serving.admission_per_token_s * 1e6:.3f} us a "
                        f"prompt token); delivery {serving.delivery_seconds(0) * 1e3:.2f} ms + "
                        f"{serving.delivery_per_sample_s * 1e6:.2f} us a sampled entry; served/swept "
