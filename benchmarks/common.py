@@ -24,6 +24,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from sim.host_facts import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CARD_TAGS = ("h200", "h100", "a100", "l40s")  # short names, tried in this order
@@ -70,12 +72,7 @@ def _version(module: str) -> str | None:
 
 
 def _host_cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        model = None
-    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    return f"{cpu_model()}, {os.cpu_count()} CPUs"
 
 
 @functools.cache

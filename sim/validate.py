@@ -45,6 +45,7 @@ from engine.policy.options import config_flags
 from sim.bench import Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import CostModel
+from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
 from sim.saturation import engine_concurrency as replica_concurrency
 from sim.saturation import estimate_capacity
@@ -445,7 +446,8 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
             cell_seconds: float | None = None, time_budget: float | None = None,
             saturation: dict[str, dict[str, float]] | None = None, progress=print) -> None:
     """Run every cell on the real server; write what the client saw (``measured.jsonl``), the pass traces and
-    ``meta.json`` into ``out`` for ``compare``. ``estimate`` (a cost model of the card) sets each overload run's
+    ``meta.json`` (the run's options, saturation rates, commit and ``sim.host_facts.host_facts``) into ``out`` for
+    ``compare``. ``estimate`` (a cost model of the card) sets each overload run's
     rate; ``cell_seconds`` caps an open-loop cell's requests at rate x that many seconds (at least 50); cells not
     begun within ``time_budget`` seconds are skipped (and said so), so that the servers still stop in order and
     write their traces. A fleet's loads are shares of ``replicas`` times one engine's saturation rate, measured
@@ -543,7 +545,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
             "client_processes": client_processes, "warmup_requests": warmup_requests,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", "")}
+            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", ""), "host": host_facts()}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 

@@ -79,6 +79,12 @@ def test_every_cell_has_all_three_views(run):
     assert "measured saturation" in output and (out / "report.html").read_text().count("plotly") > 10
 
 
+def test_the_run_records_the_machine_it_measured_on(run):
+    out, _ = run
+    host = json.loads((out / "meta.json").read_text())["host"]
+    assert host["hostname"] and host["cpus"] >= 1 and isinstance(host["gpus"], list)
+
+
 def test_the_client_sees_each_token_after_the_pass_that_made_it(run):
     out, _ = run
     delivery = pd.read_csv(out / "delivery.csv")
