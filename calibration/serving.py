@@ -206,6 +206,23 @@ def _finite(*columns) -> list[np.ndarray]:
     return [a[keep] for a in arrays]
 
 
+def _finite_rows(frame, *columns):
+    """The rows of ``frame`` whose ``columns`` are all finite."""
+    return frame[np.isfinite(frame[list(columns)].to_numpy(dtype=float)).all(axis=1)]
+
+
+def _host_medians(rows, fit_host):
+    """Each host weighs as one, however many passes it ran: ``fit_host`` of each host's ``rows`` (a frame of
+    numbers indexed by what hosts share: a path, a bin), then per index the median over the hosts that have it.
+    Returns (the medians, the hosts' fits indexed by (host, index))."""
+    import pandas as pd
+
+    # no rows: one empty fit, which has the fit's columns
+    fits = {host: fit_host(part) for host, part in rows.groupby("host")} or {"": fit_host(rows)}
+    per_host = pd.concat(fits, names=["host"])
+    return per_host.groupby(level=1).median(), per_host
+
+
 def _distribution(values: np.ndarray) -> list[float]:
     """``QUANTILES`` points of the distribution of ``values`` (mid-quantiles), clipped at 0."""
     return np.maximum(np.quantile(values, (np.arange(QUANTILES) + 0.5) / QUANTILES), 0.0).tolist()
@@ -222,32 +239,33 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     with prompt length (from the other rows, an open-loop flood's), and delivery's with the pass's sampled entries,
     are lines through the medians of ten bins (robust to the tail); what is left of admission is kept as its
     measured distribution, from the light rows where there are ``min_count`` of them, and of delivery the
-    intercept."""
+    intercept.
+
+    Passes may carry a ``host``: where they name several, each host weighs as one, however many passes it ran
+    (``_host_medians``) in each path's scale and heat growth and in the loop. The spread, admission and delivery stay
+    pooled by pass: small terms and measured distributions."""
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens",
-                                           "heat"])
+                                           "heat", "host"])
     passes["spread_tokens"] = passes["spread_tokens"].fillna(0.0)
     passes["heat"] = passes["heat"].fillna(0.0)
+    passes["host"] = passes["host"].astype(object).fillna("")  # rows without a host: one host
+    several_hosts = passes["host"].nunique() > 1
     requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples", "light"])
     light = requests.pop("light").eq(True).to_numpy()
-    scale, heat_scale, scale_fit = {}, {}, {}
-    # the scale describes the passes the swept model covers: decode steps with a spread of contexts are priced apart
-    for path, part in passes[passes["spread_tokens"] == 0].groupby("path"):
-        ratio, heat = _finite(part["pass_s"] / part["model_s"], part["heat"])
-        if len(ratio) >= min_count:
-            scale[path], heat_scale[path], scale_fit[path] = _heat_line(heat, ratio)
+    scale, heat_scale, scale_fit = _path_scales(passes, min_count, several_hosts)
     spread_s, spread_fit = _spread(passes, scale, heat_scale, min_count)
-    samples, serving = _finite(passes["num_samples"], passes["serving_s"])
+    busy = _finite_rows(passes, "num_samples", "serving_s")
     prompts, admission = _finite(requests["prompt_tokens"][~light], requests["admission_s"][~light])
     light_prompts, light_admission = _finite(requests["prompt_tokens"][light], requests["admission_s"][light])
     sampled, delivery = _finite(requests["num_samples"], requests["delivery_s"])
-    for name, n in (("loop", len(serving)), ("admission", len(admission)), ("delivery", len(delivery))):
+    for name, n in (("loop", len(busy)), ("admission", len(admission)), ("delivery", len(delivery))):
         if n < min_count:
             raise ValueError(f"fitting the serving {name} needs at least {min_count} measurements, got {n}"
                              + ("" if name == "loop" else " (requests come from open-loop overload runs, which a "
                                                           "grid of --loads makes)"))
-    per_pass, per_sample, knee, above, loop_fit = _loop_line(samples, serving)
+    per_pass, per_sample, knee, above, loop_fit = _loop_line(busy, several_hosts)
     _, per_token, _ = _line(*_bin_medians(prompts, admission), "admission")
     admitted_by = "light load" if len(light_admission) >= min_count else "overload"
     if admitted_by == "light load":
@@ -270,19 +288,30 @@ LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans
 MIN_BIN_PASSES = 5  # passes a bin needs to count
 
 
-def _loop_line(samples: np.ndarray, serving: np.ndarray) -> tuple[float, float, float, float, dict]:
-    """(per pass, per sampled entry, knee, further per entry from the knee on, fit summary) of the loop's work: the
-    convex broken line, knee on a multiple of ``LOOP_BIN``, that fits best (least squares, every term at least 0)
-    the medians of bins of ``LOOP_BIN`` entries. Medians, so that the odd slow pass does not bend the line, and bins,
-    so that the thousands of passes an overload run makes at the engine's largest batch do not outweigh the range
-    that cells below saturation run in."""
+def _loop_bins(passes):
+    """The medians of sampled entries (``x``) and the loop's work (``y``) of ``passes`` in each bin of ``LOOP_BIN``
+    entries that has ``MIN_BIN_PASSES`` of them, indexed by bin."""
     import pandas as pd
+
+    samples = passes["num_samples"].to_numpy(dtype=float)
+    frame = pd.DataFrame({"x": samples, "y": passes["serving_s"].to_numpy(dtype=float),
+                          "bin": (samples // LOOP_BIN).astype(np.int64)})
+    grouped = frame.groupby("bin")
+    return grouped.median()[grouped.size() >= MIN_BIN_PASSES]
+
+
+def _loop_line(passes, several_hosts: bool) -> tuple[float, float, float, float, dict]:
+    """(per pass, per sampled entry, knee, further per entry from the knee on, fit summary) of the loop's work on
+    ``passes`` (finite ``num_samples`` and ``serving_s``): the convex broken line, knee on a multiple of
+    ``LOOP_BIN``, that fits best (least squares, every term at least 0) the medians of bins of ``LOOP_BIN`` entries,
+    each bin's point the median of its hosts' medians (``_host_medians``). Medians, so that the odd slow pass does
+    not bend the line, and bins, so that the thousands of passes an overload run makes at the engine's largest batch
+    do not outweigh the range that cells below saturation run in."""
     from scipy.optimize import lsq_linear
 
-    frame = pd.DataFrame({"x": samples, "y": serving, "bin": (samples // LOOP_BIN).astype(np.int64)})
-    grouped = frame.groupby("bin")
-    medians = grouped.median()[grouped.size() >= MIN_BIN_PASSES]
-    if len(medians) < 3:  # too few bins to bend: one line through the passes
+    samples, serving = passes["num_samples"].to_numpy(dtype=float), passes["serving_s"].to_numpy(dtype=float)
+    medians, per_host = _host_medians(passes, _loop_bins)
+    if len(medians) < 3:  # too few bins to bend: one line through every host's passes
         per_pass, per_sample, summary = _line(samples, serving, "loop")
         return per_pass, per_sample, 0.0, 0.0, summary
     x, y = medians["x"].to_numpy(), medians["y"].to_numpy()
@@ -297,28 +326,64 @@ def _loop_line(samples: np.ndarray, serving: np.ndarray) -> tuple[float, float, 
     residual = np.abs(serving - (per_pass + per_sample * samples + above * np.maximum(0.0, samples - knee)))
     return float(per_pass), float(per_sample), knee, float(above), {
         "n": int(len(serving)), "x_range": [float(samples.min()), float(samples.max())], "bins": int(len(x)),
-        "median_abs_residual_s": float(np.median(residual)), "p95_abs_residual_s": float(np.percentile(residual, 95))}
+        "median_abs_residual_s": float(np.median(residual)), "p95_abs_residual_s": float(np.percentile(residual, 95)),
+        **({"hosts": per_host.index.get_level_values(0).nunique()} if several_hosts else {})}
 
 
 MIN_HEAT_RANGE = 0.2  # a path's passes must span this much heat (p10 to p90) to fit its growth with it
 
 
-def _heat_line(heat: np.ndarray, ratio: np.ndarray) -> tuple[float, float, dict]:
-    """(scale at heat 0, growth per unit of heat, fit summary) of one path's served / swept step: the Theil-Sen
-    line (robust to the odd slow pass), its slope at least 0 (a hotter card never runs faster); the median ratio
-    alone where the passes span under ``MIN_HEAT_RANGE`` of heat."""
+def _path_scales(passes, min_count: int, several_hosts: bool) -> tuple[dict, dict, dict]:
+    """({path: scale at heat 0}, {path: growth per unit of heat}, {path: fit summary}) of the served / swept step,
+    each the median of its hosts' ``_heat_line`` (``_host_medians``) over the hosts with ``min_count`` finite passes
+    of the path. The scale describes the passes the swept model covers: decode steps with a spread of contexts are
+    priced apart (``_spread``)."""
+    swept = _finite_rows(passes[passes["spread_tokens"] == 0].assign(ratio=passes["pass_s"] / passes["model_s"]),
+                         "ratio", "heat")
+    lines, per_host = _host_medians(swept, lambda rows: _path_lines(rows, min_count))
+    scale, heat_scale, summary = {}, {}, {}
+    for path, (level, slope) in lines.iterrows():
+        part = swept[swept["path"] == path]
+        heat, ratio = part["heat"].to_numpy(dtype=float), part["ratio"].to_numpy(dtype=float)
+        scale[path], heat_scale[path] = float(level), float(slope)
+        summary[path] = _heat_summary(heat, ratio, scale[path], heat_scale[path])
+        if several_hosts:
+            levels = per_host.xs(path, level=1)["level"]
+            summary[path].update(hosts=len(levels), host_levels=levels.to_dict())
+    return scale, heat_scale, summary
+
+
+def _path_lines(passes, min_count: int):
+    """``_heat_line`` (``level``, ``slope``) of each path with ``min_count`` passes, indexed by path."""
+    import pandas as pd
+
+    lines = {}
+    for path, part in passes.groupby("path"):
+        if len(part) >= min_count:
+            lines[path] = _heat_line(part["heat"].to_numpy(dtype=float), part["ratio"].to_numpy(dtype=float))
+    return pd.DataFrame.from_dict(lines, orient="index", columns=["level", "slope"], dtype=float)
+
+
+def _heat_line(heat: np.ndarray, ratio: np.ndarray) -> tuple[float, float]:
+    """(scale at heat 0, growth per unit of heat) of one path's served / swept step: the Theil-Sen line (robust to
+    the odd slow pass), its slope at least 0 (a hotter card never runs faster); the median ratio alone where the
+    passes span under ``MIN_HEAT_RANGE`` of heat."""
     from scipy.stats import theilslopes
 
-    summary = {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)), "p90": float(np.percentile(ratio, 90)),
-               "heat_p10": float(np.percentile(heat, 10)), "heat_p90": float(np.percentile(heat, 90))}
     slope = 0.0
-    if summary["heat_p90"] - summary["heat_p10"] >= MIN_HEAT_RANGE:
+    if np.percentile(heat, 90) - np.percentile(heat, 10) >= MIN_HEAT_RANGE:
         step = max(1, len(ratio) // 2000)  # every step-th pass: the line costs pairs of passes
         slope = max(0.0, float(theilslopes(ratio[::step], heat[::step])[0]))
-    level = float(np.median(ratio - slope * heat))
+    return float(np.median(ratio - slope * heat)), slope
+
+
+def _heat_summary(heat: np.ndarray, ratio: np.ndarray, level: float, slope: float) -> dict:
+    """How the line ``level + slope x heat`` fits a path's served / swept steps ``ratio``."""
     residual = np.abs(ratio / (level + slope * heat) - 1.0)
-    return level, slope, {**summary, "median_abs_residual": float(np.median(residual)),
-                          "median_abs_residual_constant": float(np.median(np.abs(ratio / np.median(ratio) - 1.0)))}
+    return {"n": int(len(ratio)), "p10": float(np.percentile(ratio, 10)), "p90": float(np.percentile(ratio, 90)),
+            "heat_p10": float(np.percentile(heat, 10)), "heat_p90": float(np.percentile(heat, 90)),
+            "median_abs_residual": float(np.median(residual)),
+            "median_abs_residual_constant": float(np.median(np.abs(ratio / np.median(ratio) - 1.0)))}
 
 
 def _spread(passes, scale: Mapping[str, float], heat_scale: Mapping[str, float], min_count: int) -> tuple[float, dict]:

@@ -29,6 +29,19 @@ def synthetic(n: int = 2000, seed: int = 0):
     return passes, requests
 
 
+def host_passes(host: str, n: int, scale: float, per_pass_s: float, seed: int) -> dict:
+    """``synthetic`` passes of one host: its steps ``scale`` x the swept model's (with 0.5% noise), its loop
+    ``per_pass_s`` + 10 us a sample."""
+    passes, _ = synthetic(n, seed)
+    noise = np.random.default_rng(seed).normal(0, 0.005, n)
+    return {**passes, "pass_s": passes["model_s"] * (scale + noise),
+            "serving_s": passes["serving_s"] - 1e-4 + per_pass_s, "host": [host] * n}
+
+
+def joined(*hosts: dict) -> dict:
+    return {k: np.concatenate([h[k] for h in hosts]) for k in hosts[0]}
+
+
 def test_delivery_grows_with_the_passs_sampled_entries():
     s = fit_serving(*synthetic())
     assert s.delivery_per_sample_s == pytest.approx(5e-5, rel=0.05)
@@ -219,3 +232,40 @@ def test_a_section_without_a_knee_prices_the_loop_on_one_line():
     assert s.loop_seconds(300) == pytest.approx(1e-4 + 300 * 1e-5)
     with pytest.raises(ValueError, match="loop_knee"):
         ServingModel.from_dict({**older, "loop_knee": -1})
+
+
+def test_each_host_weighs_as_one_in_a_paths_scale():
+    """A host with ten times the passes of two others, its steps 10% slower than the model: pooled by pass, the
+    path's scale is that host's; by host, the median host's. A host with too few passes of the path is left out."""
+    requests = synthetic()[1]
+    slow, fast, mid = (host_passes("slow", 4000, 1.10, 1e-4, 1), host_passes("fast", 400, 1.00, 1e-4, 2),
+                       host_passes("mid", 400, 1.02, 1e-4, 3))
+    passes = joined(slow, fast, mid, host_passes("few", 5, 2.0, 1e-4, 4))
+    s = fit_serving(passes, requests)
+    assert s.path_scale["decode-graph"] == pytest.approx(1.02, abs=0.005)
+    summary = s.fit["path_scale"]["decode-graph"]
+    assert summary["n"] == 4805 and summary["hosts"] == 3
+    assert summary["host_levels"] == pytest.approx({"slow": 1.10, "fast": 1.00, "mid": 1.02}, abs=0.005)
+    by_pass = fit_serving({k: v for k, v in passes.items() if k != "host"}, requests)
+    assert by_pass.path_scale["decode-graph"] == pytest.approx(1.10, abs=0.005)
+    assert fit_serving(joined(slow, fast), requests).path_scale["decode-graph"] == pytest.approx(1.05, abs=0.005)
+
+
+def test_each_host_weighs_as_one_in_the_loop():
+    """Each bin of the loop's fit takes the median of its hosts' medians: a host with ten times the passes of two
+    others and a loop 0.2 ms slower a pass does not move the line off the median host's."""
+    passes = joined(host_passes("busy", 4000, 1.05, 3e-4, 1), host_passes("a", 400, 1.05, 1e-4, 2),
+                    host_passes("b", 400, 1.05, 1.2e-4, 3))
+    s = fit_serving(passes, synthetic()[1])
+    tail = 2e-5 * np.log(2)  # the median of each pass's exponential tail
+    assert s.per_pass_s == pytest.approx(1.2e-4 + tail, abs=1e-5) and s.per_sample_s == pytest.approx(1e-5, rel=0.1)
+    assert s.fit["loop"]["hosts"] == 3 and s.fit["loop"]["n"] == 4800
+    assert fit_serving({k: v for k, v in passes.items() if k != "host"}, synthetic()[1]).per_pass_s > 2.5e-4
+
+
+def test_one_host_fits_as_passes_without_hosts_do():
+    passes = {k: v for k, v in joined(host_passes("slow", 400, 1.10, 3e-4, 1),
+                                      host_passes("fast", 400, 1.00, 1e-4, 2)).items() if k != "host"}
+    requests = synthetic()[1]
+    one_host = {**passes, "host": ["h"] * len(passes["pass_s"])}
+    assert fit_serving(one_host, requests).to_dict() == fit_serving(passes, requests).to_dict()
