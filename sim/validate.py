@@ -573,7 +573,13 @@ def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple
     return meta, runs, traces
 
 
-def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]:
+def run_host(meta: dict, directory: Path, override: str | None = None) -> str:
+    """The host a measured run ran on, as the serving fit groups runs: ``override`` where given, else the host name
+    in its ``meta.json``, else its folder's name (runs from before hosts were recorded: each its own host)."""
+    return override or meta.get("host", {}).get("hostname") or _folder_name(directory)
+
+
+def serving_measurements(directory: Path, cost, host: str | None = None) -> tuple[list[dict], list[dict]]:
     """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
@@ -582,21 +588,23 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
     (open loop, fresh client processes); admission from those and (``light``) from the warm-up's closed-loop
     clients after each one's first request, when the engine has compiled its kernels (which delays admission
     tenfold) and the server is lightly loaded. Each client process's first request is left out: before
-    ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm."""
+    ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm. Every row names
+    its ``host`` (``run_host``; ``host`` overrides the recorded one), by which the fit weighs hosts equally."""
     meta, runs, traces = load_measured(directory, "calibration")
     processes = int(meta.get("client_processes", 1))  # process p sent rows p, p + processes, ...
+    host = run_host(meta, directory, host)
     passes, requests = [], []
     for name, m, _ in runs:
         if traces[name] is None:
             continue
         trace_passes, trace_requests = traces[name]
         for p in cell_passes(m, trace_passes, cost):
-            passes.append({"path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
+            passes.append({"host": host, "path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
                            "num_samples": p["num_samples"], "serving_s": p["serving_s"], "heat": p["heat"],
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["prefill_tokens"],
                                                                  p["decode_context"], p["decode_max_context"])})
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start
-            requests += [{"id": r.id, "prompt_tokens": r.prompt_tokens, "light": True,
+            requests += [{"host": host, "id": r.id, "prompt_tokens": r.prompt_tokens, "light": True,
                           "admission_s": trace_requests[r.response_id]["received"] - m.t0 - r.arrival,
                           "delivery_s": float("nan"), "num_samples": float("nan")}
                          for r in m.records if r.id >= m.cell.clients]
@@ -610,7 +618,7 @@ def serving_measurements(directory: Path, cost) -> tuple[list[dict], list[dict]]
             sent = m.t0 + r.arrival
             for server_time, client_time in ((row["token_times"][0], r.chunk_times[0]),
                                              (row["token_times"][-1], r.chunk_times[-1])):
-                requests.append({"id": r.id, "prompt_tokens": r.prompt_tokens, "light": False,
+                requests.append({"host": host, "id": r.id, "prompt_tokens": r.prompt_tokens, "light": False,
                                  "admission_s": row["received"] - sent,
                                  "delivery_s": m.t0 + client_time - server_time,
                                  "num_samples": sampled_at.get(server_time, float("nan"))})
@@ -753,6 +761,21 @@ def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
 
+def _host_labels(specs: tuple[str, ...], measured: tuple[Path, ...]) -> dict[Path, str]:
+    """{--from run: its host} of ``--host-of DIR=LABEL`` options."""
+    runs = {run.resolve(): run for run in measured}
+    labels = {}
+    for spec in specs:
+        directory, _, label = spec.rpartition("=")
+        if not directory or not label:
+            raise ValueError(f"--host-of {spec!r}: expected DIR=LABEL, e.g. runs/a=host-9")
+        run = runs.get(Path(directory).resolve())
+        if run is None:
+            raise ValueError(f"--host-of {spec!r}: {directory} is not one of the --from runs")
+        labels[run] = label
+    return labels
+
+
 def _command():
     import click
 
@@ -790,7 +813,10 @@ def _command():
     @click.option("--from", "measured", type=click.Path(file_okay=False, exists=True, path_type=Path), multiple=True,
                   help="Compare the measurements of an earlier run (its --out) instead of measuring: no MODEL. "
                        "Repeat for several runs: each is compared into --out/<its folder's name>, and "
-                       "--fit-serving pools their warm-up and overload runs.")
+                       "--fit-serving pools their warm-up and overload runs, each host weighing as one.")
+    @click.option("--host-of", "host_labels", multiple=True, metavar="DIR=LABEL",
+                  help="Label the host of a --from run that recorded none (older runs; each otherwise counts "
+                       "as its own host). Repeat for several.")
     @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
@@ -802,7 +828,7 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 fit_serving, exclude_first_requests, sim_seeds, **engine_options):
+                 host_labels, fit_serving, exclude_first_requests, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -812,6 +838,7 @@ def _command():
             cost = load_cost_model(profile)
             if len({_folder_name(m) for m in measured}) < len(measured):
                 raise ValueError("--from: runs compared together need folders of distinct names")
+            hosts = _host_labels(host_labels, measured)
             if not measured:
                 if not model:
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
@@ -832,7 +859,7 @@ def _command():
             bare = cost.with_serving(None)
             passes, requests = [], []
             for directory in measured:
-                more_passes, more_requests = serving_measurements(directory, bare)
+                more_passes, more_requests = serving_measurements(directory, bare, hosts.get(directory))
                 passes.extend(more_passes)
                 requests.extend(more_requests)
             try:

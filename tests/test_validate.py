@@ -30,6 +30,7 @@ from sim.validate import (  # noqa: E402
     overload_requests,
     parse_mix,
     read_traces,
+    run_host,
     serving_measurements,
     steady_throughput,
     trace_files,
@@ -352,6 +353,56 @@ def test_runs_compared_together_pool_their_serving_fit(run, cpu_profile, tmp_pat
                                            "--out", str(tmp_path / "c"), "--fit-serving", str(tmp_path / "c.json")])
     assert result.exit_code == 1 and "--fit-serving: fitting the serving" in result.output
     assert "needs at least 10 measurements" in result.output and "Traceback" not in result.output
+
+
+def older_copy(run_dir: Path, into: Path) -> Path:
+    """A copy of a run as runs were before they recorded their host."""
+    import shutil
+
+    shutil.copytree(run_dir, into)
+    meta = json.loads((into / "meta.json").read_text())
+    del meta["host"]
+    (into / "meta.json").write_text(json.dumps(meta))
+    return into
+
+
+def test_each_serving_measurement_names_its_host(run, cpu_profile, tmp_path):
+    """The host ``meta.json`` records, else the one the caller names, else (an older run) the run's folder."""
+    out, _ = run
+    profile = load_profile(cpu_profile)
+    recorded = json.loads((out / "meta.json").read_text())["host"]["hostname"]
+    older = older_copy(out, tmp_path / "older")
+    for directory, label, host in ((out, None, recorded), (out, "host-9", "host-9"), (older, None, "older"),
+                                   (older, "host-9", "host-9")):
+        passes, requests = serving_measurements(directory, profile, label)
+        assert passes and requests and {r["host"] for r in passes + requests} == {host}
+    assert run_host({"note": "cut short: no meta.json"}, Path("runs/a")) == "a"
+
+
+def test_runs_labelled_with_one_host_weigh_as_one(run, cpu_profile, tmp_path):
+    """Two older runs count as two hosts, named by their folders; ``--host-of`` makes them one."""
+    out, _ = run
+    runs = [older_copy(out, tmp_path / name) for name in ("a", "b")]
+    base = ["--from", str(runs[0]), "--from", str(runs[1]), "--profile", str(cpu_profile)]
+    fits = {}
+    for name, labels in (("apart", []), ("together", [f"--host-of={r}=host-9" for r in runs])):
+        result = CliRunner().invoke(validate, [*base, *labels, "--out", str(tmp_path / name),
+                                               "--fit-serving", str(tmp_path / f"{name}.json")])
+        assert result.exit_code == 0, result.output
+        fits[name] = json.loads((tmp_path / f"{name}.json").read_text())["serving"]["fit"]
+    assert fits["apart"]["path_scale"]["eager"]["host_levels"].keys() == {"a", "b"}
+    assert "hosts" not in fits["together"]["path_scale"]["eager"]
+
+
+@pytest.mark.parametrize("label, message", [("{other}=host-9", "is not one of the --from runs"),
+                                            ("host-9", "expected DIR=LABEL")])
+def test_a_host_label_names_a_compared_run(tmp_path, label, message):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    label = label.format(other=tmp_path / "b")
+    result = CliRunner().invoke(validate, ["--from", str(tmp_path / "a"), "--host-of", label,
+                                           "--profile", "llama-2-7b-h200-bf16", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and f"--host-of {label!r}: " in result.output and message in result.output
 
 
 def test_the_simulators_spread_over_seeds_is_written_beside_its_answer(run, tmp_path):
