@@ -241,8 +241,8 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     measured distribution, from the light rows where there are ``min_count`` of them, and of delivery the
     intercept.
 
-    Passes may carry a ``host``: where they name several, each host weighs as one, however many passes it ran
-    (``_host_medians``) in each path's scale and heat growth and in the loop. The spread, admission and delivery stay
+    Passes may carry a ``host``: where they name several, each host weighs as one, however many passes it ran, in
+    each path's scale and heat growth (``_path_scales``) and in the loop (``_host_medians``). The spread, admission and delivery stay
     pooled by pass: small terms and measured distributions."""
     import pandas as pd
 
@@ -335,46 +335,42 @@ MIN_HEAT_RANGE = 0.2  # a path's passes must span this much heat (p10 to p90) to
 
 def _path_scales(passes, min_count: int, several_hosts: bool) -> tuple[dict, dict, dict]:
     """({path: scale at heat 0}, {path: growth per unit of heat}, {path: fit summary}) of the served / swept step,
-    each the median of its hosts' ``_heat_line`` (``_host_medians``) over the hosts with ``min_count`` finite passes
-    of the path. The scale describes the passes the swept model covers: decode steps with a spread of contexts are
-    priced apart (``_spread``)."""
+    over the hosts with ``min_count`` finite passes of the path, each host weighing as one: the growth is the median
+    of the growths of the hosts whose passes span the heat (``_heat_slope``; 0 where none does), the scale the median
+    over hosts of each one's median ratio less that growth. So a host that ran hot only still sets the level, and a
+    host with more runs weighs no more. The scale describes the passes the swept model covers: decode steps with a
+    spread of contexts are priced apart (``_spread``)."""
+    import pandas as pd
+
     swept = _finite_rows(passes[passes["spread_tokens"] == 0].assign(ratio=passes["pass_s"] / passes["model_s"]),
                          "ratio", "heat")
-    lines, per_host = _host_medians(swept, lambda rows: _path_lines(rows, min_count))
     scale, heat_scale, summary = {}, {}, {}
-    for path, (level, slope) in lines.iterrows():
-        part = swept[swept["path"] == path]
-        heat, ratio = part["heat"].to_numpy(dtype=float), part["ratio"].to_numpy(dtype=float)
-        scale[path], heat_scale[path] = float(level), float(slope)
-        summary[path] = _heat_summary(heat, ratio, scale[path], heat_scale[path])
+    for path, part in swept.groupby("path"):
+        hosts = {host: rows for host, rows in part.groupby("host") if len(rows) >= min_count}
+        if not hosts:
+            continue
+        slopes = [s for s in (_heat_slope(rows["heat"].to_numpy(), rows["ratio"].to_numpy())
+                              for rows in hosts.values()) if s is not None]
+        slope = float(np.median(slopes)) if slopes else 0.0
+        levels = {host: float(np.median(rows["ratio"] - slope * rows["heat"])) for host, rows in hosts.items()}
+        scale[path], heat_scale[path] = float(np.median(list(levels.values()))), slope
+        used = pd.concat(hosts.values())
+        summary[path] = _heat_summary(used["heat"].to_numpy(), used["ratio"].to_numpy(), scale[path], slope)
         if several_hosts:
-            levels = per_host.xs(path, level=1)["level"]
-            summary[path].update(hosts=len(levels), host_levels=levels.to_dict())
+            summary[path].update(hosts=len(levels), host_levels=levels)
     return scale, heat_scale, summary
 
 
-def _path_lines(passes, min_count: int):
-    """``_heat_line`` (``level``, ``slope``) of each path with ``min_count`` passes, indexed by path."""
-    import pandas as pd
-
-    lines = {}
-    for path, part in passes.groupby("path"):
-        if len(part) >= min_count:
-            lines[path] = _heat_line(part["heat"].to_numpy(dtype=float), part["ratio"].to_numpy(dtype=float))
-    return pd.DataFrame.from_dict(lines, orient="index", columns=["level", "slope"], dtype=float)
-
-
-def _heat_line(heat: np.ndarray, ratio: np.ndarray) -> tuple[float, float]:
-    """(scale at heat 0, growth per unit of heat) of one path's served / swept step: the Theil-Sen line (robust to
-    the odd slow pass), its slope at least 0 (a hotter card never runs faster); the median ratio alone where the
-    passes span under ``MIN_HEAT_RANGE`` of heat."""
+def _heat_slope(heat: np.ndarray, ratio: np.ndarray) -> float | None:
+    """The growth per unit of heat of one host's served / swept steps of a path: the Theil-Sen slope (robust to the
+    odd slow pass), at least 0 (a hotter card never runs faster); None where the passes span under
+    ``MIN_HEAT_RANGE`` of heat."""
     from scipy.stats import theilslopes
 
-    slope = 0.0
-    if np.percentile(heat, 90) - np.percentile(heat, 10) >= MIN_HEAT_RANGE:
-        step = max(1, len(ratio) // 2000)  # every step-th pass: the line costs pairs of passes
-        slope = max(0.0, float(theilslopes(ratio[::step], heat[::step])[0]))
-    return float(np.median(ratio - slope * heat)), slope
+    if np.percentile(heat, 90) - np.percentile(heat, 10) < MIN_HEAT_RANGE:
+        return None
+    step = max(1, len(ratio) // 2000)  # every step-th pass: the line costs pairs of passes
+    return max(0.0, float(theilslopes(ratio[::step], heat[::step])[0]))
 
 
 def _heat_summary(heat: np.ndarray, ratio: np.ndarray, level: float, slope: float) -> dict:

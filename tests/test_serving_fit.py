@@ -244,11 +244,31 @@ def test_each_host_weighs_as_one_in_a_paths_scale():
     s = fit_serving(passes, requests)
     assert s.path_scale["decode-graph"] == pytest.approx(1.02, abs=0.005)
     summary = s.fit["path_scale"]["decode-graph"]
-    assert summary["n"] == 4805 and summary["hosts"] == 3
+    assert summary["n"] == 4800 and summary["hosts"] == 3
     assert summary["host_levels"] == pytest.approx({"slow": 1.10, "fast": 1.00, "mid": 1.02}, abs=0.005)
     by_pass = fit_serving({k: v for k, v in passes.items() if k != "host"}, requests)
     assert by_pass.path_scale["decode-graph"] == pytest.approx(1.10, abs=0.005)
     assert fit_serving(joined(slow, fast), requests).path_scale["decode-graph"] == pytest.approx(1.05, abs=0.005)
+
+
+def test_hosts_that_span_the_heat_set_its_growth_and_every_host_its_level():
+    """Two hosts whose passes span the heat (served / swept = 0.85 + 0.14 x heat, one host 2% slower) and two that
+    ran hot only, on the same line: the growth is the spanning hosts', and the level the median of all four (a
+    median of separate lines would take the hot hosts' flat lines as growth 0, and halve it)."""
+    requests = synthetic()[1]
+    rng = np.random.default_rng(5)
+
+    def host(name: str, n: int, heat_low: float, offset: float) -> dict:
+        heat = rng.uniform(heat_low, 1.0, n)
+        rows = host_passes(name, n, 1.0, 1e-4, int(100 * heat_low) + len(name))
+        return {**rows, "heat": heat, "pass_s": (0.85 + offset + 0.14 * heat) * rows["model_s"]}
+
+    passes = joined(host("cool", 600, 0.0, 0.0), host("cooler", 600, 0.0, 0.02),
+                    host("hot", 3000, 0.9, 0.005), host("hotter", 3000, 0.95, 0.01))
+    s = fit_serving(passes, requests)
+    assert s.heat_scale["decode-graph"] == pytest.approx(0.14, abs=0.005)
+    assert s.path_scale["decode-graph"] == pytest.approx(0.8575, abs=0.003)
+    assert s.fit["path_scale"]["decode-graph"]["host_levels"]["hot"] == pytest.approx(0.855, abs=0.003)
 
 
 def test_each_host_weighs_as_one_in_the_loop():
