@@ -2,8 +2,9 @@
 fitted cost model, the spread of pass times, the KV capacity the engine gets on that card, (from version 3)
 what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
 (``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``), (from
-version 7) knees in its attention terms, (from version 8) the card's heat in the serving section and (from version
-9) a knee in its loop. All are optional, and files of versions 2 to 8 still load.
+version 7) knees in its attention terms, (from version 8) the card's heat in the serving section, (from version
+9) a knee in its loop and (from version 10) a scale of its own for eager passes of prompts alone. All are optional,
+and files of versions 2 to 9 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -27,7 +28,7 @@ from calibration.cost_model import (
     with_unknown_contexts,
 )
 from calibration.energy import EnergyModel
-from calibration.serving import PrefillHeat, ServingModel
+from calibration.serving import PrefillHeat, ServingModel, scale_path
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
@@ -35,10 +36,11 @@ FORMAT = "splitfuse-profile"
 # pass's sampled entries; 6: the cost model may hold a decode table (``calibration.decode_table``); 7: each path's
 # model has knees and a decode launch term, and points carry the longest decode and chunk contexts; 8: the serving
 # section's path scales may grow with the card's heat (``calibration.serving.PrefillHeat``); 9: the serving loop's
-# work may grow faster per sampled entry past a knee. Versions 2-8 are read too (no knees, no launch term; points
-# without the longest contexts hold 0 for them, not known; no heat; a loop of one line).
-VERSION = 9
-READS = (2, 3, 4, 5, 6, 7, 8, 9)
+# work may grow faster per sampled entry past a knee; 10: eager passes of prompts alone may have a scale of their
+# own ("eager-prefill"). Versions 2-9 are read too (no knees, no launch term; points without the longest contexts
+# hold 0 for them, not known; no heat; a loop of one line; prompts alone at the eager path's scale).
+VERSION = 10
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -76,7 +78,7 @@ class Profile:
         timed it, or, where the profile has its serving section, as the server runs it, with the serving loop's
         work until the next step, on a card of that ``heat`` (``new_heat``)."""
         serving = self.serving
-        return (serving.scale(self.model.path(f), heat) * self.model.predict(f)
+        return (serving.scale(scale_path(self.model.path(f), f.decode_tokens), heat) * self.model.predict(f)
                 + serving.loop_seconds(f.num_samples) + serving.spread_seconds(f))
 
     def new_heat(self) -> PrefillHeat | None:

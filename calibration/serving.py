@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-PATHS = ("decode-graph", "mixed-graph", "eager")
+PATHS = ("decode-graph", "mixed-graph", "eager", "eager-prefill")
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
@@ -49,6 +49,14 @@ QUANTILES = 64  # points kept of each measured delay distribution
 # Below twice the mean, the longest decode context costs nothing the sum of contexts does not already price: on a
 # heavy-tailed chat mix (calibration/VALIDATION.md, twelfth round) steps under 1.7 times the mean were on the model.
 SPREAD_KNEE = 2.0
+
+
+def scale_path(path: str, decode_tokens: int) -> str:
+    """The serving section's name for the scale of a pass the engine runs on ``path`` (``engine.runner.ModelRunner.
+    path``): "eager-prefill" for an eager pass with no decodes (a prompt alone), else ``path``. Served, such passes
+    run 10-15% under the sweep's when the card is cool and on it when hot, while eager passes with decodes run on
+    the sweep at any heat (llama-3-8b, ``calibration/VALIDATION.md``, eighteenth round)."""
+    return "eager-prefill" if path == "eager" and not decode_tokens else path
 
 
 def decode_spread_tokens(decode_tokens: int, prefill_tokens: int, decode_context: int,
@@ -129,11 +137,15 @@ class ServingModel:
         unknown = [p for p in scale if p not in PATHS]
         if unknown:
             raise ValueError(f"serving path_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
+        if "eager-prefill" not in scale and "eager" in scale:  # before version 10 the eager path priced both
+            scale["eager-prefill"] = scale["eager"]
         self.path_scale = {p: _check(f"path_scale[{p}]", scale.get(p, 1.0), 1e-3) for p in PATHS}
         heat = dict(heat_scale or {})
         unknown = [p for p in heat if p not in PATHS]
         if unknown:
             raise ValueError(f"serving heat_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
+        if "eager-prefill" not in heat and "eager" in heat:
+            heat["eager-prefill"] = heat["eager"]
         self.heat_scale = {p: _check(f"heat_scale[{p}]", heat.get(p, 0.0)) for p in PATHS}
         self.fit = dict(fit or {})
 
@@ -143,7 +155,7 @@ class ServingModel:
         return any(self.heat_scale.values())
 
     def scale(self, path: str, heat: float = 0.0) -> float:
-        """Served step / swept step on ``path`` at ``heat`` (``PrefillHeat``)."""
+        """Served step / swept step on ``path`` (``scale_path``) at ``heat`` (``PrefillHeat``)."""
         return self.path_scale[path] + self.heat_scale[path] * heat
 
     def loop_seconds(self, num_samples: int) -> float:
@@ -242,8 +254,8 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     intercept.
 
     Passes may carry a ``host``: where they name several, each host weighs as one, however many passes it ran, in
-    each path's scale and heat growth (``_path_scales``) and in the loop (``_host_medians``). The spread, admission and delivery stay
-    pooled by pass: small terms and measured distributions."""
+    each path's scale and heat growth (``_path_scales``) and in the loop (``_host_medians``). The spread, admission
+    and delivery stay pooled by pass: small terms and measured distributions."""
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens",

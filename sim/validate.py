@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats
+from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
 from engine.policy import PassFeatures, PolicyConfig
 from engine.policy.options import config_flags
 from sim.bench import Record, make_prompts, run_spread, to_result
@@ -599,8 +599,9 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
             continue
         trace_passes, trace_requests = traces[name]
         for p in cell_passes(m, trace_passes, cost):
-            passes.append({"host": host, "path": p["path"], "pass_s": p["pass_s"], "model_s": p["predicted_s"],
-                           "num_samples": p["num_samples"], "serving_s": p["serving_s"], "heat": p["heat"],
+            passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
+                           "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
+                           "heat": p["heat"],
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["prefill_tokens"],
                                                                  p["decode_context"], p["decode_max_context"])})
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start
