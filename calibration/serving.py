@@ -5,7 +5,8 @@ A profile's pass (``calibration.sweep``) is an engine step from scheduling to th
 Served, three things differ, each measured through the real server (``splitfuse validate`` traces every pass and
 request; the fit uses its warm-up and overload runs, never the cells it is then judged on):
 - the step itself, on a GPU that runs passes back to back with an API process beside it: ``path_scale``, per
-  execution path, the median of served step time / the profile's prediction;
+  execution path (from profile version 10 an eager pass of a prompt alone apart, ``scale_path``), the median of
+  served step time / the profile's prediction;
 - the engine loop's own work before the next step (building each sampled request's output, sending them to the
   API process, taking in commands): ``per_pass_s`` + ``per_sample_s`` x sampled entries, and from ``loop_knee``
   entries on a further ``per_sample_above_knee_s`` each (from profile version 9): a convex broken line through the
