@@ -226,7 +226,8 @@ def _finite_rows(frame, *columns):
 
 def _host_medians(rows, fit_host):
     """Each host weighs as one, however many passes it ran: ``fit_host`` of each host's ``rows`` (a frame of
-    numbers indexed by what hosts share: a path, a bin), then per index the median over the hosts that have it.
+    numbers indexed by what hosts share, such as the loop's bins), then per index the median over the hosts that
+    have it.
     Returns (the medians, the hosts' fits indexed by (host, index))."""
     import pandas as pd
 
