@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 VALIDATION_DIR = Path(__file__).parent / "validation"
-SOURCES = ("sim", "server", "client")  # the simulator; the engine's server; the benchmark client
+SOURCES = ("sim", "sim-server", "server", "client")  # the simulator; its server view; the engine's; the client's
+VIEWS = {"server": "sim-server", "client": "sim"}  # a measured view -> the simulator's source that predicts it
 # What makes a cell, as ``splitfuse validate`` writes it; a file has scheduler and mix, and load (open loop, a share
 # of the saturation rate) or clients (closed loop), and may have the others.
 CELL = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed", "replicas",
@@ -76,15 +77,19 @@ def compare(results, reference: str = "server"):
     ``cell`` (a short name of it), ``metric``, ``sim``, ``measured`` and ``rel_error`` = (sim - measured) / measured
     (NaN where measured is 0)."""
     import numpy as np
+    import pandas as pd
 
-    if reference not in SOURCES[1:]:
+    if reference not in VIEWS:
         raise ValueError(f"reference must be server or client, got {reference!r}")
     keys = ["grid", "kind", *(c for c in CELL if c in results.columns)]
     metrics = [m for m in METRICS if m in results.columns]
     cell = results[keys].apply(lambda col: col.map(str)).agg(" | ".join, axis=1)  # NaN keys (a closed-loop load) match
     long = results.assign(_cell=cell).melt(id_vars=[*keys, "source", "_cell"], value_vars=metrics,
                                            var_name="metric").dropna(subset=["value"])
-    sim = long[long.source == "sim"].drop(columns="source").rename(columns={"value": "sim"})
+    sim = long[long.source == VIEWS[reference]]
+    if VIEWS[reference] != "sim":  # grids from before the simulator wrote its server view: its client view
+        sim = pd.concat([sim, long[(long.source == "sim") & ~long["_cell"].isin(sim["_cell"])]])
+    sim = sim.drop(columns="source").rename(columns={"value": "sim"})
     measured = long[long.source == reference][["_cell", "metric", "value"]].rename(columns={"value": "measured"})
     out = sim.merge(measured, on=["_cell", "metric"])
     m = out["measured"].to_numpy(dtype=float)

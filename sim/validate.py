@@ -7,11 +7,13 @@ before the next. Loads are shares of the *measured* saturation rate of each (sch
 steady throughput, while its queue is full. The same seeded workload then runs through the simulator on the card's
 profile, given the KV capacity and context limit the server's engine reported.
 
-Three views of every cell, summarized by ``sim.metrics.summarize`` alike (``source``):
-- ``sim``: the simulator;
+Four views of every cell, summarized by ``sim.metrics.summarize`` alike (``source``):
+- ``sim``: the simulator, tokens when its client received them;
+- ``sim-server``: the same simulated run at its passes' ends, before the serving path delivered them;
 - ``server``: the engine's ground truth: each request's tokens at the end of the pass that produced them (the
   trace), arrivals as the client sent them;
 - ``client``: what users see: tokens when the client received them.
+``errors.csv`` sets ``sim`` against ``client`` and ``sim-server`` against ``server``.
 Server and client processes read one clock (``time.perf_counter``, CLOCK_MONOTONIC on Linux), so the difference
 between the two views is the serving path's delivery time, and each pass's trace row sets the profile's prediction
 beside what the pass took (``passes.csv``).
@@ -40,9 +42,10 @@ from pathlib import Path
 import numpy as np
 
 from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
-from engine.policy import PassFeatures, PolicyConfig
+from calibration.validation_results import VIEWS
+from engine.policy import PassFeatures, PolicyConfig, plan_features
 from engine.policy.options import config_flags
-from sim.bench import Record, make_prompts, run_spread, to_result
+from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import CostModel
 from sim.host_facts import host_facts
@@ -401,16 +404,43 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
 
 
 def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None,
-              first_id: int = 0) -> tuple[dict, list[int]]:
-    """The simulator's summary of the cell's workload (of its requests from ``first_id`` on), and its tokens per
-    pass. ``seed`` (default the cell's) draws pass-time noise and serving delays; the workload is the cell's
-    whatever the seed."""
+              first_id: int = 0) -> tuple[dict, dict, list[int]]:
+    """The simulator's summary of the cell's workload (of its requests from ``first_id`` on), the same run's server
+    view (``at_pass_ends``) and its tokens per pass. ``seed`` (default the cell's) draws pass-time noise and serving
+    delays; the workload is the cell's whatever the seed."""
     tokens: list[int] = []
+    pass_end: dict[float, float] = {}  # when a pass's tokens reach the client -> when the pass ended
+
+    def on_pass(replica: int, plan, start: float, end: float) -> None:
+        tokens.append(plan.num_tokens)
+        # the replica hands a pass's tokens to the client at end + delivery (sim.replica), this very sum
+        pass_end[end + cost.delivery_seconds(plan_features(plan).num_samples)] = end
+
     result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy),
-                      seed=cell.seed if seed is None else seed, workload_seed=cell.seed,
-                      on_pass=lambda replica, plan, start, end: tokens.append(plan.num_tokens))
+                      seed=cell.seed if seed is None else seed, workload_seed=cell.seed, on_pass=on_pass,
+                      token_times=True)
     keep = result.columns["measured"] & (result.columns["id"] >= first_id) if first_id else None
-    return summarize(result, SLA(), keep), tokens
+    return summarize(result, SLA(), keep), summarize(at_pass_ends(result, pass_end), SLA(), keep), tokens
+
+
+def at_pass_ends(result, pass_end: dict[float, float]) -> MeasuredRun:
+    """A simulated run as the engine's trace would show it (the ``server`` view): each token at the end of the
+    pass that made it, before the serving path delivered it; arrivals, as in the server view, when clients sent."""
+    from sim.request_log import RequestLog
+
+    log = RequestLog(result.log.measured_from, result.log.measured_to)
+    c = result.columns
+    row = {int(i): k for k, i in enumerate(c["id"])}
+    for request_id, client_times in result.log.token_times:
+        try:
+            times = [pass_end[t] for t in client_times.tolist()]
+        except KeyError:
+            raise RuntimeError(f"simulated request {request_id}: a token came at no pass's end + delivery") from None
+        k = row[request_id]
+        log.add(request_id, int(c["replica"][k]), float(c["arrival"][k]), float(c["scheduled"][k]), times[0],
+                times[-1], int(c["prompt_tokens"][k]), int(c["output_tokens"][k]), int(c["preemptions"][k]),
+                int(c["cached_tokens"][k]), times)
+    return MeasuredRun(log.to_columns(), log, result.replica_rows, result.seed)
 
 
 def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, own: dict,
@@ -644,7 +674,7 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
         served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
         trace_passes, trace_requests = traces[name] or ([], None)
         first = first_requests(m.cell, processes) if exclude_first else 0
-        sim_summary, _ = simulated(m.cell, m.rate, served, first_id=first)
+        sim_summary, sim_server, _ = simulated(m.cell, m.rate, served, first_id=first)
         if sim_seeds > 1:
             spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds, sim_summary, first)
         kept = [r for r in m.records if r.id >= first]
@@ -653,8 +683,8 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
         passes_rows += pass_rows
         stats = {"mean_tokens_per_pass": float(np.mean([p["num_tokens"] for p in pass_rows])) if pass_rows
                  else float("nan")}
-        for source, result in (("sim", None), *cell_views.items()):
-            summary = sim_summary if result is None else {**summarize(result, SLA()), **stats}
+        for source, result in (("sim", sim_summary), ("sim-server", sim_server), *cell_views.items()):
+            summary = result if source.startswith("sim") else {**summarize(result, SLA()), **stats}
             rows.append({**m.cell.keys(), "rate": m.rate, "source": source, **metric_columns(summary)})
         if trace_requests is None:
             continue
@@ -684,15 +714,15 @@ CELL_KEYS = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", 
 
 
 def relative_errors(frame):
-    """The simulator's relative error, (sim - measured) / measured, against the server's and the client's view,
-    one row per cell and view."""
+    """The simulator's relative error, (sim - measured) / measured, against the server's and the client's view (each
+    against the simulator's own view of it: ``VIEWS``), one row per cell and view."""
     import pandas as pd
 
     metrics = [c for c in frame.columns if c not in (*CELL_KEYS, "rate", "source", "requests")]
     keyed = frame.assign(load=frame["load"].fillna(-1))  # NaN keys would not match
-    sim = keyed[keyed.source == "sim"].set_index(list(CELL_KEYS))[metrics]
     rows = []
-    for view in [v for v in ("server", "client") if (keyed.source == v).any()]:
+    for view in [v for v in VIEWS if (keyed.source == v).any()]:
+        sim = keyed[keyed.source == VIEWS[view]].set_index(list(CELL_KEYS))[metrics]
         measured = keyed[keyed.source == view].set_index(list(CELL_KEYS))[metrics]
         error = (sim - measured) / measured
         rows.append(error.assign(view=view).reset_index())

@@ -68,16 +68,30 @@ def run(cpu_profile, tmp_path_factory):
     return out, result.output
 
 
-def test_every_cell_has_all_three_views(run):
+def test_every_cell_has_all_four_views(run):
     out, output = run
     frame = pd.read_csv(out / "validation.csv")
-    assert len(frame) == 2 * 3 and set(frame.source) == {"sim", "server", "client"}
+    assert len(frame) == 2 * 4 and set(frame.source) == {"sim", "sim-server", "server", "client"}
     assert (frame.requests == 10).all() and set(frame.arrivals) == {"poisson", "closed"}
     for column in ("ttft_mean", "tpot_mean", "e2e_p90", "throughput_rps", "mean_tokens_per_pass"):
         assert np.isfinite(frame[column]).all() and (frame[column] > 0).all(), column
     errors = pd.read_csv(out / "errors.csv")
     assert len(errors) == 2 * 2 and set(errors.view) == {"server", "client"}
     assert "measured saturation" in output and (out / "report.html").read_text().count("plotly") > 10
+
+
+def test_the_simulators_server_view_is_its_run_before_delivery(run):
+    """``sim-server`` is the simulated run with each token at its pass's end: the same requests and arrivals, every
+    token a delivery (> 0 in the fitted profile) earlier, so first tokens and finishes come earlier by it."""
+    out, _ = run
+    frame = pd.read_csv(out / "validation.csv")
+    sim, server = (frame[frame.source == s].set_index("arrivals") for s in ("sim", "sim-server"))
+    assert (sim.requests == server.requests).all()
+    assert (server.ttft_mean < sim.ttft_mean).all() and (server.e2e_mean < sim.e2e_mean).all()
+    assert ((sim.ttft_mean - server.ttft_mean) < 0.5).all()  # a delivery, not a pass's worth of seconds
+    errors = pd.read_csv(out / "errors.csv").set_index(["view", "arrivals"])
+    measured = frame[frame.source == "server"].set_index("arrivals")
+    assert np.allclose(errors.loc["server"].ttft_mean, server.ttft_mean / measured.ttft_mean - 1)
 
 
 def test_the_run_records_the_machine_it_measured_on(run):
@@ -232,7 +246,7 @@ def test_each_clients_first_requests_can_be_left_out_of_both_sides(run, tmp_path
                                            str(tmp_path), "--exclude-first-requests"])
     assert result.exit_code == 0, result.output
     frame = pd.read_csv(tmp_path / "validation.csv")
-    assert (frame.requests == 8).all() and len(frame) == 6  # 2 cells x sim, server, client
+    assert (frame.requests == 8).all() and len(frame) == 8  # 2 cells x sim, sim-server, server, client
     _, cells, _ = load_measured(out)
     for _, m, _ in cells:
         kept = [r.chunk_times[0] - r.arrival for r in m.records if r.id >= 2]
@@ -259,7 +273,7 @@ def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
     assert json.loads((tmp_path / "meta.json").read_text())["saturation_rps"]["splitfuse-768-x2"]["tiny"] == \
         pytest.approx(2 * one)
     frame = pd.read_csv(tmp_path / "validation.csv")
-    assert len(frame) == 2 * 2 * 3 and set(frame.balancer) == {"round-robin", "random"}
+    assert len(frame) == 2 * 2 * 4 and set(frame.balancer) == {"round-robin", "random"}
     assert (frame.replicas == 2).all() and (frame.requests == 12).all()
     assert frame.rate.dropna().to_numpy() == pytest.approx(0.5 * 2 * one)
     passes = pd.read_csv(tmp_path / "passes.csv")
@@ -337,7 +351,7 @@ def test_runs_compared_together_pool_their_serving_fit(run, cpu_profile, tmp_pat
     pooled = json.loads((tmp_path / "pooled.json").read_text())["serving"]["fit"]
     assert pooled["loop"]["n"] == 2 * one["loop"]["n"] and pooled["admission"]["n"] == 2 * one["admission"]["n"]
     for name in ("a", "b"):
-        assert len(pd.read_csv(tmp_path / "both" / name / "validation.csv")) == 2 * 3
+        assert len(pd.read_csv(tmp_path / "both" / name / "validation.csv")) == 2 * 4
     shutil.copytree(out, tmp_path / "elsewhere" / "a")
     result = CliRunner().invoke(validate, ["--from", str(tmp_path / "a"), "--from", str(tmp_path / "elsewhere" / "a"),
                                            "--profile", str(cpu_profile), "--out", str(tmp_path / "same")])

@@ -79,6 +79,21 @@ def test_the_shipped_example_is_labelled_and_reproducible(tmp_path):
     assert len(errors) > 100 and np.isfinite(errors).all()
 
 
+def test_the_server_is_judged_against_the_simulators_server_view_where_a_grid_has_one(tmp_path):
+    """``sim-server`` rows predict the server (the client's prediction, ``sim``, judges the client); a cell without
+    one, from before the simulator wrote it, falls back to ``sim``."""
+    text = ("source,scheduler,mix,load,ttft_mean\n"
+            "sim,splitfuse,long,0.5,0.110\nsim-server,splitfuse,long,0.5,0.100\n"
+            "server,splitfuse,long,0.5,0.080\nclient,splitfuse,long,0.5,0.100\n"
+            "sim,splitfuse,long,0.9,0.300\nserver,splitfuse,long,0.9,0.200\n")
+    results = read_validation([write(tmp_path, text)])
+    server = compare(results, "server").set_index("load").rel_error
+    assert server.to_dict() == pytest.approx({0.5: 0.25, 0.9: 0.5})
+    assert compare(results, "client").set_index("load").rel_error.to_dict() == pytest.approx({0.5: 0.1})
+    with pytest.raises(ValueError, match="server or client"):
+        compare(results, "sim-server")
+
+
 def test_error_table_gives_each_cells_headline_errors_in_percent(tmp_path):
     from calibration.validation_summary import error_table
 
