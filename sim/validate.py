@@ -50,6 +50,7 @@ from sim.cluster import ClusterConfig, simulate
 from sim.costs import CostModel
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
+from sim.request_log import RequestLog
 from sim.saturation import engine_concurrency as replica_concurrency
 from sim.saturation import estimate_capacity
 from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, Workload, parse_length
@@ -426,8 +427,6 @@ def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None
 def at_pass_ends(result, pass_end: dict[float, float]) -> MeasuredRun:
     """A simulated run as the engine's trace would show it (the ``server`` view): each token at the end of the
     pass that made it, before the serving path delivered it; arrivals, as in the server view, when clients sent."""
-    from sim.request_log import RequestLog
-
     log = RequestLog(result.log.measured_from, result.log.measured_to)
     c = result.columns
     row = {int(i): k for k, i in enumerate(c["id"])}
