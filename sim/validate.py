@@ -405,23 +405,26 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
 
 
 def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None,
-              first_id: int = 0) -> tuple[dict, dict, list[int]]:
+              first_id: int = 0, server_view: bool = True) -> tuple[dict, dict | None, list[int]]:
     """The simulator's summary of the cell's workload (of its requests from ``first_id`` on), the same run's server
-    view (``at_pass_ends``) and its tokens per pass. ``seed`` (default the cell's) draws pass-time noise and serving
-    delays; the workload is the cell's whatever the seed."""
+    view (``at_pass_ends``; None without ``server_view``) and its tokens per pass. ``seed`` (default the cell's)
+    draws pass-time noise and serving delays; the workload is the cell's whatever the seed."""
     tokens: list[int] = []
     pass_end: dict[float, float] = {}  # when a pass's tokens reach the client -> when the pass ended
 
     def on_pass(replica: int, plan, start: float, end: float) -> None:
         tokens.append(plan.num_tokens)
+        if not server_view:
+            return
         # the replica hands a pass's tokens to the client at end + delivery (sim.replica), this very sum
         pass_end[end + cost.delivery_seconds(plan_features(plan).num_samples)] = end
 
     result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy),
                       seed=cell.seed if seed is None else seed, workload_seed=cell.seed, on_pass=on_pass,
-                      token_times=True)
+                      token_times=server_view)
     keep = result.columns["measured"] & (result.columns["id"] >= first_id) if first_id else None
-    return summarize(result, SLA(), keep), summarize(at_pass_ends(result, pass_end), SLA(), keep), tokens
+    server = summarize(at_pass_ends(result, pass_end), SLA(), keep) if server_view else None
+    return summarize(result, SLA(), keep), server, tokens
 
 
 def at_pass_ends(result, pass_end: dict[float, float]) -> MeasuredRun:
@@ -446,7 +449,8 @@ def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, ow
                 first_id: int = 0) -> list[dict]:
     """The simulator's headline metrics on ``seeds`` seeds (the cell's, whose summary ``own`` is, and the next
     ones): one row per metric with their mean, standard deviation, min and max."""
-    runs = [metric_columns(own)] + [metric_columns(simulated(cell, rate, cost, cell.seed + k, first_id)[0])
+    runs = [metric_columns(own)] + [metric_columns(simulated(cell, rate, cost, cell.seed + k, first_id,
+                                                                               server_view=False)[0])
                                     for k in range(1, seeds)]
     rows = []
     for metric in SPREAD_METRICS:
