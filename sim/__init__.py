@@ -5,7 +5,8 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
   names); ``Workload``'s defaults are the command's.
 - ``saturation``: the cluster's estimated saturation rate, and the rate a run without one goes at.
 - ``costs``: ``CostModel`` (what a replica needs from a cost model), loading a shipped profile
-  (``calibration.profile``), plus constant/linear cost models for tests.
+  (``calibration.profile``), ``SlowerHost`` (a cost model on a host whose passes run longer), plus
+  constant/linear cost models for tests.
 - ``replica``: one replica as a SimPy process (schedule -> wait the plan's cost -> update).
 - ``cluster``: ``ClusterConfig`` (replicas, a ``PolicyConfig``, cost models) and ``simulate``, one replication:
   N replicas behind a load balancer (``engine.policy.load_balancer``); with a state-free balancer, big runs spread

@@ -103,6 +103,29 @@ class LinearCost:
         return [math.exp(sigma * inv_cdf(u)) for u in uniforms.tolist()]
 
 
+class SlowerHost:
+    """``cost`` on a host whose passes take ``factor`` times as long: a card of the same kind that runs slower than
+    the profile's typical host (the hosts of one card differ by a few percent, ``calibration/VALIDATION.md``). The
+    serving path's admission and delivery, the pass-time spread and the KV geometry stay the profile's."""
+
+    def __init__(self, cost: CostModel, factor: float) -> None:
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a host's pass-time factor must be a positive number, got {factor!r}")
+        self.cost, self.factor = cost, float(factor)
+        self.block_size, self.num_kv_blocks = cost.block_size, cost.num_kv_blocks
+        self.max_model_len = cost.max_model_len
+        self.meta = {**cost.meta, "host_factor": self.factor}
+        self.noise_factors, self.admission_seconds = cost.noise_factors, cost.admission_seconds
+        self.delivery_seconds = cost.delivery_seconds
+        self.energy = getattr(cost, "energy", None)
+
+    def new_heat(self):
+        return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None
+
+    def predict(self, features: PassFeatures, *heat: float) -> float:
+        return self.factor * self.cost.predict(features, *heat)
+
+
 def builtin_llama_2_7b() -> LinearCost:
     """Llama-2-7B fp16 on one 80 GB H100, from public roofline figures, NOT measured by this project: weights
     read ~5 ms plus host ~3 ms per pass, ~30 us per token of matmuls, KV reads of 0.5 MB per context token at

@@ -60,7 +60,9 @@ class PlanConfig:
     """What to plan: ``target_rate`` (requests/s) over ``profiles`` (priced in ``prices``) x ``schedulers``
     ((name, token budget) pairs) x ``balancers``, with mixed fleets of two cards when ``mixed``.
     ``fit_resamples``: bootstrap refits of each profile's cost model. Checks run ``check_replications`` runs of
-    ``check_requests_per_replica`` requests per replica (doubled up to 4x while undecided)."""
+    ``check_requests_per_replica`` requests per replica (doubled up to 4x while undecided). ``host_margin``: plan
+    for hosts whose passes run this share slower than the profile's typical host (0.04: 4%), in the search and the
+    checks alike (``sim.costs.SlowerHost``)."""
 
     target_rate: float
     profiles: tuple[str, ...]
@@ -73,6 +75,7 @@ class PlanConfig:
     grow: int = 2
     usd_per_kwh: float = 0.10
     prices: str | Path = PRICES
+    host_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.target_rate > 0:
@@ -81,6 +84,9 @@ class PlanConfig:
             raise ValueError("--profile: no candidate profiles")
         if self.fit_resamples < 0 or self.grow < 0:
             raise ValueError("--fit-resamples and grow must be >= 0")
+        if not 0 <= self.host_margin < 1:
+            raise ValueError(f"--host-margin must be a share in [0, 1), e.g. 0.04 for hosts 4% slower, got "
+                             f"{self.host_margin!r}")
 
 
 @dataclass
@@ -138,7 +144,8 @@ def replica_capacity(profile: str, scheduler: str, budget: int, workload: Worklo
                      plan: PlanConfig, parallel: dict, on_evaluation=None) -> ReplicaCapacity:
     """``ReplicaCapacity`` of one replica of ``profile`` running ``scheduler`` at ``budget``."""
     policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
-    config = ClusterConfig(profile, replicas=1, policy=policy)
+    cost = host_cost(profile, 1 + plan.host_margin) if plan.host_margin else profile  # a name travels light
+    config = ClusterConfig(cost, replicas=1, policy=policy)
     answer = capacity_search(workload, config, sla, search, on_evaluation=on_evaluation, **parallel)
     lo, hi = fit_ratio(profile, workload, policy, plan.fit_resamples, search.seed, parallel)
     rate, misses = answer.rate, answer.misses_at
@@ -158,6 +165,7 @@ class Fleet:
     replicas_low: int
     replicas_high: int
     check: object = None  # sim.capacity.Evaluation of the whole fleet, once checked
+    host_factor: float = 1.0  # its hosts' pass time over the profile's (``PlanConfig.host_margin``)
 
     @property
     def replicas(self) -> int:
@@ -170,7 +178,7 @@ class Fleet:
         """The fleet as a cluster: the cards interleaved, so that no balancer sees them in blocks."""
         slots = sorted(((k + 0.5) / n, p) for p, n in self.counts.items() for k in range(n))
         policy = PolicyConfig(scheduler=self.scheduler, token_budget=self.token_budget, balancer=self.balancer)
-        return ClusterConfig([_cost(p) for _, p in slots], replicas=len(slots), policy=policy)
+        return ClusterConfig([host_cost(p, self.host_factor) for _, p in slots], replicas=len(slots), policy=policy)
 
 
 @functools.lru_cache(maxsize=16)
@@ -179,6 +187,13 @@ def _cost(profile: str):
     from sim.costs import load_cost_model
 
     return load_cost_model(profile)
+
+
+def host_cost(profile: str, factor: float = 1.0):
+    """The profile's cost model on a host whose passes take ``factor`` times as long (the profile itself at 1)."""
+    from sim.costs import SlowerHost
+
+    return _cost(profile) if factor == 1 else SlowerHost(_cost(profile), factor)
 
 
 def usd_per_hour(counts: dict[str, int], prices) -> float:
@@ -209,7 +224,8 @@ def fleets(capacities: list[ReplicaCapacity], plan: PlanConfig, prices) -> list[
                         options.append(mix)
         for counts, low, high in options:
             for balancer in plan.balancers:
-                out.append(Fleet(counts, scheduler, budget, balancer, usd_per_hour(counts, prices), low, high))
+                out.append(Fleet(counts, scheduler, budget, balancer, usd_per_hour(counts, prices), low, high,
+                                 host_factor=1 + plan.host_margin))
     return sorted(out, key=lambda f: (f.usd_per_hour, f.replicas))
 
 

@@ -53,6 +53,9 @@ from sim.workload import Workload
               type=int, help="First run length of a fleet check, requests per replica (doubled up to 4x).")
 @click.option("--usd-per-kwh", default=PlanConfig.usd_per_kwh, show_default=True, type=float,
               help="Electricity price, where the simulator reports energy.")
+@click.option("--host-margin", default=PlanConfig.host_margin, show_default=True, type=float,
+              help="Plan for hosts whose passes run this share slower than the profile's typical host (0.04: 4%); "
+                   "hosts of one card differ by a few percent (calibration/VALIDATION.md).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @backend_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -68,8 +71,8 @@ def plan(**options):
 
 def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len, output_len, max_prompt_len, trace,
          sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, sla_target, replications, max_requests_per_replica,
-         fit_resamples, check_replications, check_requests_per_replica, usd_per_kwh, seed, backend, processes,
-         ray_address, out):
+         fit_resamples, check_replications, check_requests_per_replica, usd_per_kwh, host_margin, seed, backend,
+         processes, ray_address, out):
     from sim.metrics import SLA, few_replications_warning
     from sim.plan import load_prices, make_plan
 
@@ -90,7 +93,7 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
                           max_requests_per_replica=max_requests_per_replica,
                           requests_per_replica=min(SearchConfig.requests_per_replica, max_requests_per_replica // 2))
     config = PlanConfig(rate, profiles, parsed, tuple(balancers), mixed, fit_resamples, check_replications,
-                        check_requests_per_replica, usd_per_kwh=usd_per_kwh, prices=prices)
+                        check_requests_per_replica, usd_per_kwh=usd_per_kwh, prices=prices, host_margin=host_margin)
     for n in {replications, check_replications}:
         if few_replications_warning(n):
             click.echo(few_replications_warning(n))
@@ -105,7 +108,8 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
     click.echo(f"planned in {elapsed:.0f} s")
     if out:
         options = {"rate": rate, "profiles": list(profiles), "schedulers": list(schedulers),
-                   "balancers": list(balancers), "mixed": mixed, "seed": seed, "backend": backend}
+                   "balancers": list(balancers), "mixed": mixed, "host_margin": host_margin, "seed": seed,
+                   "backend": backend}
         _write(Path(out), result, config, ranked, workload, sla, search, elapsed, options)
 
 
@@ -113,7 +117,8 @@ def _answer(result, config, search) -> str:
     pick = result.pick
     if pick is None:
         return f"no candidate fleet met the SLA at {config.target_rate:g} req/s after its checks"
-    return (f"cheapest fleet meeting the SLA ({search.target:.0%} of requests) at {config.target_rate:g} req/s: "
+    hosts = f" on hosts {config.host_margin:.0%} slower than the profile's" if config.host_margin else ""
+    return (f"cheapest fleet meeting the SLA ({search.target:.0%} of requests) at {config.target_rate:g} req/s{hosts}: "
             f"{pick.name(result.prices)}, {pick.scheduler} at {pick.token_budget} tokens per pass, {pick.balancer}: "
             f"{pick.replicas} replicas (95% range {pick.replicas_low} to {pick.replicas_high}), "
             f"{pick.usd_per_hour:.2f} USD/h; checked whole at {pick.check.requests:,} requests x "
@@ -144,6 +149,7 @@ def _write(out: Path, result, config, ranked, workload, sla, search, elapsed, op
     (out / "plan.json").write_text(json.dumps(summary, indent=1, default=str))
     rows = {"target rate": f"{config.target_rate:g} req/s", "SLA target": f"{search.target:.0%} of requests",
             "SLA": str(sla), "workload": f"prompt {workload.prompt}, output {workload.output}",
+            "hosts": f"passes {config.host_margin:.0%} slower than the profile's typical host",
             "answer": _answer(result, config, search), "_target": search.target}
     write_plan_report(out / "plan.html", result, config, ranked, pick_results, rows)
     click.echo(f"wrote {out}/plan.csv, {out}/plan.json, {out}/plan.html")

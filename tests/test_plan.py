@@ -1,5 +1,6 @@
 """``splitfuse plan``: the cheapest fleet that meets the SLA, checked whole, with intervals; prices with sources."""
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -61,3 +62,38 @@ def test_plan_answers_a_small_target_and_its_pick_meets_at_the_check(tmp_path):
     assert all(c["low"] <= c["rate"] <= (c["high"] or float("inf")) for c in caps)
     html = (out / "plan.html").read_text()
     assert html.count("plotly-graph-div") >= 3 and "cost (USD/h)" in html
+
+
+def test_a_slower_host_takes_longer_per_pass_and_sustains_less():
+    """``SlowerHost`` stretches every pass (heat included) and nothing else, so a replica sustains less."""
+    from engine.policy import PolicyConfig, plan_features
+    from engine.policy.plan import BatchPlan
+    from sim.cluster import ClusterConfig
+    from sim.costs import SlowerHost, load_cost_model
+    from sim.saturation import estimate_capacity
+    from sim.workload import Workload
+
+    profile = load_cost_model("llama-2-7b-h200-bf16")
+    slow = SlowerHost(profile, 1.05)
+    f = plan_features(BatchPlan(num_new_tokens=[1, 500], start_positions=[300, 0], samples=[True, True],
+                                num_decodes=1, num_prefill_tokens=500))
+    assert slow.predict(f, 0.6) == pytest.approx(1.05 * profile.predict(f, 0.6))
+    assert profile.predict(f, 0.6) > profile.predict(f, 0.0)  # the heat reaches the profile
+    assert slow.new_heat() is not None and slow.meta["host_factor"] == 1.05
+    assert (slow.num_kv_blocks, slow.delivery_seconds(8)) == (profile.num_kv_blocks, profile.delivery_seconds(8))
+    one = estimate_capacity(ClusterConfig(profile, 1, PolicyConfig()), Workload())
+    assert estimate_capacity(ClusterConfig(slow, 1, PolicyConfig()), Workload()) == pytest.approx(one / 1.05, rel=0.01)
+    with pytest.raises(ValueError, match="positive"):
+        SlowerHost(profile, 0.0)
+
+
+def test_a_host_margin_plans_every_replica_on_a_slower_host():
+    caps = [capacity("llama-2-7b-h100-bf16", 6.0)]
+    prices = PRICES.rename(index={"a": "llama-2-7b-h100-bf16"})
+    fleet = fleets(caps, PlanConfig(12.0, ("llama-2-7b-h100-bf16",), mixed=False, host_margin=0.04), prices)[0]
+    assert fleet.host_factor == 1.04 and all(c.factor == 1.04 for c in fleet.cluster().costs())
+    assert all(not hasattr(c, "factor") for c in dataclasses.replace(fleet, host_factor=1.0).cluster().costs())
+    with pytest.raises(ValueError, match="--host-margin"):
+        PlanConfig(12.0, ("a",), host_margin=-0.1)
+    result = CliRunner().invoke(plan, ["--rate", "12", "--host-margin", "1.5"])
+    assert result.exit_code == 2 and "--host-margin must be a share" in result.output
