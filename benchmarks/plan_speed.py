@@ -27,7 +27,8 @@ RESIM_SEEDS = range(50_000, 50_003)
 
 
 def resimulate(pick: dict, rate: float, target: float) -> dict:
-    """The pick at ``rate`` with new seeds, twice the check's run length, every request counted."""
+    """The pick at ``rate`` with new seeds, twice the check's run length, every request counted, on the hosts it
+    was planned for."""
     import dataclasses
 
     import numpy as np
@@ -38,7 +39,7 @@ def resimulate(pick: dict, rate: float, target: float) -> dict:
     from sim.workload import Workload
 
     fleet = Fleet(pick["counts"], pick["scheduler"], pick["token_budget"], pick["balancer"], pick["usd_per_hour"],
-                  pick["replicas"], pick["replicas"])
+                  pick["replicas"], pick["replicas"], host_factors=pick.get("host_factors", {}))
     workload = dataclasses.replace(Workload(), rate=rate, num_requests=2 * pick["check_requests"])
     summaries = rerun(workload, fleet.cluster(), RESIM_SEEDS, SLA())
     shares = [s["sla_share"] for s in summaries]

@@ -55,9 +55,20 @@ def check_report(profile) -> str:
         lines.append(f"WARNING: {fit['path_mismatches']} points ran another path (graph or not, padded tokens) "
                      "than the model assumes: the engine and the profile's metadata disagree")
     lines.append(energy_line(profile.energy))
+    lines.append(hosts_line(profile))
     if m.get("kind") != "measured":
         lines.append("NOTE: this profile is not measured on a GPU (" + str(m.get("note", m.get("kind"))) + ")")
     return "\n".join(lines)
+
+
+def hosts_line(profile) -> str:
+    """What ``--check`` says of a profile's measured hosts."""
+    if profile.hosts is None:
+        return "hosts: none measured against it (`splitfuse plan` plans on its own passes)"
+    factors = profile.hosts.factors()
+    return (f"hosts: {len(factors)} measured, simulated / served requests/s "
+            f"{min(factors.values()):.3f}-{max(factors.values()):.3f}; `splitfuse plan` plans for "
+            f"{profile.host_margin():.1%} slower passes")
 
 
 def energy_line(energy) -> str:
@@ -105,8 +116,8 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--from-points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Refit a saved points file (from an earlier sweep) into --out, without a GPU.")
 @click.option("--refit", "refit_path", metavar="FILE|NAME",
-              help="Fit a profile again from its own points with this code into --out, keeping its meta, serving and "
-                   "energy sections (after a change to the fitting; no GPU).")
+              help="Fit a profile again from its own points with this code into --out, keeping its meta, serving, "
+                   "energy and hosts sections (after a change to the fitting; no GPU).")
 @click.option("--add-points", "add_points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="With --refit: fit the profile's points together with this points file, measured on the same card "
                    "(for instance one sweep kind re-measured with --only), recording it in the profile's meta.")

@@ -186,8 +186,9 @@ SAME_MEASUREMENT = {"model": None, "dtype": None, "card": None, "block_size": No
 
 def refit(profile: Profile, added: tuple[Mapping | None, Sequence[Mapping]] | None = None) -> Profile:
     """``profile`` fitted again from its own points with this code (its split seed, held-out share and target),
-    keeping what the points do not hold: meta, serving and energy sections. A serving section was fitted against
-    the old cost model; ``splitfuse validate --from ... --fit-serving`` refits it from the runs it names.
+    keeping what the points do not hold: meta, serving, energy and hosts sections. The serving and hosts sections
+    were measured against the old cost model; ``splitfuse validate --from ... --fit-serving`` measures both again
+    from the runs it names.
 
     ``added``: (header, points) of a points file (``calibration.sweep.read_points``) to fit together with the
     profile's own, measured on the same card (``SAME_MEASUREMENT``); passes the profile already holds (same key)
@@ -222,7 +223,7 @@ def refit(profile: Profile, added: tuple[Mapping | None, Sequence[Mapping]] | No
                           target=fit.get("target", TARGET))
     return Profile(meta, profile.block_size, profile.num_kv_blocks, profile.max_model_len, fresh.model,
                    points=fresh.points, noise=fresh.noise, fit=fresh.fit, serving=profile.serving,
-                   energy=profile.energy)
+                   energy=profile.energy, hosts=profile.hosts)
 
 
 def energy_from_points(train: Sequence[Mapping], held: Sequence[Mapping], meta: Mapping) -> EnergyModel | None:

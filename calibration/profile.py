@@ -3,8 +3,9 @@ fitted cost model, the spread of pass times, the KV capacity the engine gets on 
 what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
 (``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``), (from
 version 7) knees in its attention terms, (from version 8) the card's heat in the serving section, (from version
-9) a knee in its loop and (from version 10) a scale of its own for eager passes of prompts alone. All are optional,
-and files of versions 2 to 9 still load.
+9) a knee in its loop, (from version 10) a scale of its own for eager passes of prompts alone and (from version 11)
+how the card's measured hosts differ from it (``calibration.host_spread``). All are optional, and files of versions
+2 to 10 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -28,6 +29,7 @@ from calibration.cost_model import (
     with_unknown_contexts,
 )
 from calibration.energy import EnergyModel
+from calibration.host_spread import HostSpread
 from calibration.serving import PrefillHeat, ServingModel, scale_path
 from engine.policy import PassFeatures
 
@@ -37,10 +39,11 @@ FORMAT = "splitfuse-profile"
 # model has knees and a decode launch term, and points carry the longest decode and chunk contexts; 8: the serving
 # section's path scales may grow with the card's heat (``calibration.serving.PrefillHeat``); 9: the serving loop's
 # work may grow faster per sampled entry past a knee; 10: eager passes of prompts alone may have a scale of their
-# own ("eager-prefill"). Versions 2-9 are read too (no knees, no launch term; points without the longest contexts
-# hold 0 for them, not known; no heat; a loop of one line; prompts alone at the eager path's scale).
-VERSION = 10
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10)
+# own ("eager-prefill"); 11: an optional "hosts" section, the measured hosts' capacity against this profile
+# (``calibration.host_spread``). Versions 2-10 are read too (no knees, no launch term; points without the longest
+# contexts hold 0 for them, not known; no heat; a loop of one line; prompts alone at the eager path's scale).
+VERSION = 11
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -51,7 +54,7 @@ class Profile:
     def __init__(self, meta: Mapping, block_size: int, num_kv_blocks: int, max_model_len: int, model: PassModel,
                  *, points: list[dict] | None = None, noise: list[float] | None = None,
                  fit: Mapping | None = None, serving: ServingModel | None = None,
-                 energy: EnergyModel | None = None) -> None:
+                 energy: EnergyModel | None = None, hosts: HostSpread | None = None) -> None:
         self.meta = dict(meta)
         self.block_size = int(block_size)
         self.num_kv_blocks = int(num_kv_blocks)
@@ -62,6 +65,7 @@ class Profile:
         self.fit = dict(fit or {})
         self.serving = serving
         self.energy = energy  # None: the profile has no energy figures (the simulator reports NaN energy)
+        self.hosts = hosts  # None: no host of the card measured against it
         self.source: str | None = None  # the file it was loaded from
         if serving is None:  # the fitted model's own method answers (one call less on the simulator's hot path)
             self.predict = model.predict
@@ -116,13 +120,25 @@ class Profile:
     def with_serving(self, serving: ServingModel | None) -> Profile:
         """This profile with ``serving`` as its serving loop's cost per pass."""
         return Profile(self.meta, self.block_size, self.num_kv_blocks, self.max_model_len, self.model,
-                       points=self.points, noise=self.noise, fit=self.fit, serving=serving, energy=self.energy)
+                       points=self.points, noise=self.noise, fit=self.fit, serving=serving, energy=self.energy,
+                       hosts=self.hosts if serving is self.serving else None)
 
     def with_energy(self, energy: EnergyModel | None) -> Profile:
         """This profile with ``energy`` as the energy of its passes."""
         profile = self.with_serving(self.serving)
         profile.energy = energy
         return profile
+
+    def with_hosts(self, hosts: HostSpread | None) -> Profile:
+        """This profile with ``hosts`` as its measured hosts."""
+        profile = self.with_serving(self.serving)
+        profile.hosts = hosts
+        return profile
+
+    def host_margin(self) -> float:
+        """How much slower than this profile its slowest measured host runs (``HostSpread.margin``; 0 where no host
+        was measured against it)."""
+        return self.hosts.margin() if self.hosts is not None else 0.0
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -139,6 +155,7 @@ class Profile:
             "noise": self.noise,
             **({"serving": self.serving.to_dict()} if self.serving is not None else {}),
             **({"energy": self.energy.to_dict()} if self.energy is not None else {}),
+            **({"hosts": self.hosts.to_dict()} if self.hosts is not None else {}),
             "points": {"columns": columns, "rows": [[p.get(c) for c in columns] for p in self.points]},
         }
 
@@ -193,7 +210,7 @@ class Profile:
         _check_predictions(model, points, d["max_model_len"], bad)
         return cls(meta, d["block_size"], d["num_kv_blocks"], d["max_model_len"], model, points=points,
                    noise=noise, fit=d.get("fit") or {}, serving=_section(d, "serving", ServingModel, bad),
-                   energy=_section(d, "energy", EnergyModel, bad))
+                   energy=_section(d, "energy", EnergyModel, bad), hosts=_section(d, "hosts", HostSpread, bad))
 
 
 def _section(d: dict, key: str, cls, bad):

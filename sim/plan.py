@@ -61,8 +61,8 @@ class PlanConfig:
     ((name, token budget) pairs) x ``balancers``, with mixed fleets of two cards when ``mixed``.
     ``fit_resamples``: bootstrap refits of each profile's cost model. Checks run ``check_replications`` runs of
     ``check_requests_per_replica`` requests per replica (doubled up to 4x while undecided). ``host_margin``: plan
-    for hosts whose passes run this share slower than the profile's typical host (0.04: 4%), in the search and the
-    checks alike (``sim.costs.SlowerHost``)."""
+    for hosts whose passes run this share slower than the profile's (0.04: 4%), in the search and the checks alike
+    (``sim.costs.SlowerHost``); None: each profile's slowest measured host (``margin``)."""
 
     target_rate: float
     profiles: tuple[str, ...]
@@ -75,7 +75,7 @@ class PlanConfig:
     grow: int = 2
     usd_per_kwh: float = 0.10
     prices: str | Path = PRICES
-    host_margin: float = 0.0
+    host_margin: float | None = None
 
     def __post_init__(self) -> None:
         if not self.target_rate > 0:
@@ -84,9 +84,17 @@ class PlanConfig:
             raise ValueError("--profile: no candidate profiles")
         if self.fit_resamples < 0 or self.grow < 0:
             raise ValueError("--fit-resamples and grow must be >= 0")
-        if not 0 <= self.host_margin < 1:
+        if self.host_margin is not None and not 0 <= self.host_margin < 1:
             raise ValueError(f"--host-margin must be a share in [0, 1), e.g. 0.04 for hosts 4% slower, got "
                              f"{self.host_margin!r}")
+
+    def margin(self, profile: str) -> float:
+        """The share by which ``profile``'s replicas are planned slower: ``host_margin`` where given, else how much
+        slower than the profile its slowest measured host ran (``calibration.host_spread``; 0 where none was)."""
+        if self.host_margin is not None:
+            return self.host_margin
+        margin = getattr(_cost(profile), "host_margin", None)
+        return margin() if margin is not None else 0.0
 
 
 @dataclass
@@ -144,7 +152,8 @@ def replica_capacity(profile: str, scheduler: str, budget: int, workload: Worklo
                      plan: PlanConfig, parallel: dict, on_evaluation=None) -> ReplicaCapacity:
     """``ReplicaCapacity`` of one replica of ``profile`` running ``scheduler`` at ``budget``."""
     policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
-    cost = host_cost(profile, 1 + plan.host_margin) if plan.host_margin else profile  # a name travels light
+    margin = plan.margin(profile)
+    cost = host_cost(profile, 1 + margin) if margin else profile  # a name travels light
     config = ClusterConfig(cost, replicas=1, policy=policy)
     answer = capacity_search(workload, config, sla, search, on_evaluation=on_evaluation, **parallel)
     lo, hi = fit_ratio(profile, workload, policy, plan.fit_resamples, search.seed, parallel)
@@ -165,7 +174,7 @@ class Fleet:
     replicas_low: int
     replicas_high: int
     check: object = None  # sim.capacity.Evaluation of the whole fleet, once checked
-    host_factor: float = 1.0  # its hosts' pass time over the profile's (``PlanConfig.host_margin``)
+    host_factors: dict[str, float] = field(default_factory=dict)  # hosts' pass time over each profile's (1 absent)
 
     @property
     def replicas(self) -> int:
@@ -178,7 +187,8 @@ class Fleet:
         """The fleet as a cluster: the cards interleaved, so that no balancer sees them in blocks."""
         slots = sorted(((k + 0.5) / n, p) for p, n in self.counts.items() for k in range(n))
         policy = PolicyConfig(scheduler=self.scheduler, token_budget=self.token_budget, balancer=self.balancer)
-        return ClusterConfig([host_cost(p, self.host_factor) for _, p in slots], replicas=len(slots), policy=policy)
+        return ClusterConfig([host_cost(p, self.host_factors.get(p, 1.0)) for _, p in slots], replicas=len(slots),
+                             policy=policy)
 
 
 @functools.lru_cache(maxsize=16)
@@ -225,7 +235,7 @@ def fleets(capacities: list[ReplicaCapacity], plan: PlanConfig, prices) -> list[
         for counts, low, high in options:
             for balancer in plan.balancers:
                 out.append(Fleet(counts, scheduler, budget, balancer, usd_per_hour(counts, prices), low, high,
-                                 host_factor=1 + plan.host_margin))
+                                 host_factors={p: 1 + plan.margin(p) for p in counts}))
     return sorted(out, key=lambda f: (f.usd_per_hour, f.replicas))
 
 

@@ -53,9 +53,10 @@ from sim.workload import Workload
               type=int, help="First run length of a fleet check, requests per replica (doubled up to 4x).")
 @click.option("--usd-per-kwh", default=PlanConfig.usd_per_kwh, show_default=True, type=float,
               help="Electricity price, where the simulator reports energy.")
-@click.option("--host-margin", default=PlanConfig.host_margin, show_default=True, type=float,
-              help="Plan for hosts whose passes run this share slower than the profile's typical host (0.04: 4%); "
-                   "hosts of one card differ by a few percent (calibration/VALIDATION.md).")
+@click.option("--host-margin", default=PlanConfig.host_margin, type=float,
+              help="Plan for hosts whose passes run this share slower than the profile's (0.04: 4%; 0: the "
+                   "profile's own). Default: each profile's slowest measured host (its 'hosts' section; 0 where "
+                   "none was measured); hosts of one card differ by a few percent (calibration/VALIDATION.md).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @backend_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -108,7 +109,8 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
     click.echo(f"planned in {elapsed:.0f} s")
     if out:
         options = {"rate": rate, "profiles": list(profiles), "schedulers": list(schedulers),
-                   "balancers": list(balancers), "mixed": mixed, "host_margin": host_margin, "seed": seed,
+                   "balancers": list(balancers), "mixed": mixed, "host_margin": host_margin,
+                   "host_margins": {p: config.margin(p) for p in profiles}, "seed": seed,
                    "backend": backend}
         _write(Path(out), result, config, ranked, workload, sla, search, elapsed, options)
 
@@ -117,7 +119,7 @@ def _answer(result, config, search) -> str:
     pick = result.pick
     if pick is None:
         return f"no candidate fleet met the SLA at {config.target_rate:g} req/s after its checks"
-    hosts = f" on hosts {config.host_margin:.0%} slower than the profile's" if config.host_margin else ""
+    hosts = f" on {_hosts(config, pick.counts)}" if any(config.margin(p) for p in pick.counts) else ""
     return (f"cheapest fleet meeting the SLA ({search.target:.0%} of requests) at {config.target_rate:g} req/s{hosts}: "
             f"{pick.name(result.prices)}, {pick.scheduler} at {pick.token_budget} tokens per pass, {pick.balancer}: "
             f"{pick.replicas} replicas (95% range {pick.replicas_low} to {pick.replicas_high}), "
@@ -145,14 +147,22 @@ def _write(out: Path, result, config, ranked, workload, sla, search, elapsed, op
                    "token_budget": result.pick.token_budget, "balancer": result.pick.balancer,
                    "replicas": result.pick.replicas, "usd_per_hour": result.pick.usd_per_hour,
                    "replicas_low": result.pick.replicas_low, "replicas_high": result.pick.replicas_high,
+                   "host_factors": result.pick.host_factors,
                    "check_requests": result.pick.check.requests, "check_share": result.pick.check.share}}
     (out / "plan.json").write_text(json.dumps(summary, indent=1, default=str))
     rows = {"target rate": f"{config.target_rate:g} req/s", "SLA target": f"{search.target:.0%} of requests",
             "SLA": str(sla), "workload": f"prompt {workload.prompt}, output {workload.output}",
-            "hosts": f"passes {config.host_margin:.0%} slower than the profile's typical host",
+            "hosts": _hosts(config, config.profiles),
             "answer": _answer(result, config, search), "_target": search.target}
     write_plan_report(out / "plan.html", result, config, ranked, pick_results, rows)
     click.echo(f"wrote {out}/plan.csv, {out}/plan.json, {out}/plan.html")
+
+
+def _hosts(config, profiles) -> str:
+    """Which hosts the plan is for, per profile: "hosts 3.1% slower than llama-2-7b-h200-bf16's (its slowest
+    measured host)"."""
+    why = "as asked" if config.host_margin is not None else "its slowest measured host"
+    return ", ".join(f"hosts {config.margin(p):.1%} slower than {p}'s ({why})" for p in profiles)
 
 
 def _scheduler(text: str) -> tuple[str, int]:

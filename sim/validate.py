@@ -607,9 +607,13 @@ def load_measured(directory: Path, role: str = "cell") -> tuple[dict, list[tuple
 
 
 def run_host(meta: dict, directory: Path, override: str | None = None) -> str:
-    """The host a measured run ran on, as the serving fit groups runs: ``override`` where given, else the host name
-    in its ``meta.json``, else its folder's name (runs from before hosts were recorded: each its own host)."""
-    return override or meta.get("host", {}).get("hostname") or _folder_name(directory)
+    """The host a measured run ran on, as the serving fit groups runs: ``override`` where given, else the cards its
+    ``meta.json`` records (the start of each UUID: lent machines share one host name, and two cards of one machine
+    differ as two hosts do), else its host name, else its folder's name (runs from before hosts were recorded: each
+    its own host)."""
+    host = meta.get("host", {})
+    cards = "+".join(gpu["uuid"][:12] for gpu in host.get("gpus", []) if gpu.get("uuid"))
+    return override or cards or host.get("hostname") or _folder_name(directory)
 
 
 def serving_measurements(directory: Path, cost, host: str | None = None) -> tuple[list[dict], list[dict]]:
@@ -791,6 +795,22 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     return cells
 
 
+def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+    """``profile`` with the hosts of the ``measured`` runs (``sim.validate_hosts.measured_hosts``; ``hosts``: their
+    labels) added to those it holds; a run measured again replaces its earlier row."""
+    from calibration.host_spread import HostSpread
+    from sim.validate_hosts import measured_hosts
+
+    rows = [row for directory in measured for row in measured_hosts(directory, profile, hosts.get(directory))]
+    if not rows:
+        raise ValueError("the runs hold no single-engine overload run (their saturation rates were taken "
+                         "--saturation-from another run)")
+    key = lambda row: (row.host, row.scheduler, row.mix, row.date, row.commit)  # noqa: E731
+    new = {key(row) for row in rows}
+    kept = [row for row in (profile.hosts.runs if profile.hosts else ()) if key(row) not in new]
+    return profile.with_hosts(HostSpread(tuple(kept + rows)))
+
+
 def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
@@ -854,6 +874,10 @@ def _command():
     @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
+    @click.option("--record-hosts", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with the runs' hosts added to its measured hosts: each overload run's "
+                       "sustained rate, served and simulated (the spread `splitfuse plan` plans for). "
+                       "--fit-serving records its runs' hosts itself.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -862,7 +886,7 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 host_labels, fit_serving, exclude_first_requests, sim_seeds, **engine_options):
+                 host_labels, fit_serving, record_hosts, exclude_first_requests, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -881,8 +905,11 @@ def _command():
                                    balancers)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-        if fit_serving and not isinstance(cost, Profile):
-            raise click.UsageError("--fit-serving needs a measured profile (--profile NAME|FILE)")
+        for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts)):
+            if given and not isinstance(cost, Profile):
+                raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
+        if fit_serving and record_hosts:
+            raise click.UsageError("--fit-serving records its runs' hosts in its profile; drop --record-hosts")
         if not measured:
             saturation = json.loads((saturation_from / "meta.json").read_text())["saturation_rps"] \
                 if saturation_from else None
@@ -900,7 +927,10 @@ def _command():
                 serving = fit(passes, requests, {"traced": ", ".join(map(str, measured))})
             except ValueError as e:
                 raise click.ClickException(f"--fit-serving: {e}") from None
-            cost = bare.with_serving(serving)
+            try:
+                cost = with_measured_hosts(bare.with_serving(serving), measured, hosts)
+            except ValueError as e:
+                raise click.ClickException(f"--fit-serving: {e}") from None
             cost.save(fit_serving)
             fit_ = serving.fit
             knee = (f" (+ {serving.per_sample_above_knee_s * 1e6:.2f} us past {serving.loop_knee:.0f})"
@@ -911,6 +941,16 @@ def _command():
                        f"prompt token); delivery {serving.delivery_seconds(0) * 1e3:.2f} ms + "
                        f"{serving.delivery_per_sample_s * 1e6:.2f} us a sampled entry; served/swept "
                        f"step {serving.path_scale}; wrote {fit_serving}")
+        if record_hosts:
+            try:
+                cost = with_measured_hosts(cost, measured, hosts)
+            except ValueError as e:
+                raise click.ClickException(f"--record-hosts: {e}") from None
+            cost.save(record_hosts)
+        if fit_serving or record_hosts:
+            factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
+            click.echo(f"hosts, simulated / served requests/s: {factors}; margin {cost.host_margin():.1%}; wrote "
+                       f"{fit_serving or record_hosts}")
         for directory in measured:
             into = out if len(measured) == 1 else out / _folder_name(directory)
             compare(directory, cost, into, sim_seeds, exclude_first_requests)

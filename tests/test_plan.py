@@ -23,7 +23,8 @@ def test_fleets_are_sized_priced_and_ranked_with_mixes_of_two_cards():
     and the mix 2 x A + 1 x B (21 req/s) = 10 USD/h is the cheapest."""
     caps = [capacity("a", 6.0), capacity("b", 9.0)]
     assert cheapest_mix(caps[0], caps[1], 20.0, PRICES)[0] == {"a": 2, "b": 1}
-    ranked = fleets(caps, PlanConfig(20.0, ("a", "b"), balancers=("round-robin", "least-requests")), PRICES)
+    ranked = fleets(caps, PlanConfig(20.0, ("a", "b"), balancers=("round-robin", "least-requests"), host_margin=0),
+                    PRICES)
     assert [f.usd_per_hour for f in ranked] == sorted(f.usd_per_hour for f in ranked)
     assert ranked[0].counts == {"a": 2, "b": 1} and ranked[0].usd_per_hour == 10.0
     assert {f.balancer for f in ranked[:2]} == {"round-robin", "least-requests"}
@@ -58,6 +59,9 @@ def test_plan_answers_a_small_target_and_its_pick_meets_at_the_check(tmp_path):
     assert len(picked) == 1 and (table.loc[:picked.index[0], "check"].iloc[:-1] != "meets").all()
     assert "cost (USD/h)" in table and "rate per replica (req/s)" in table
     summary = json.loads((out / "plan.json").read_text())
+    margins = summary["options"]["host_margins"]  # the shipped profiles' slowest measured hosts
+    assert summary["pick"]["host_factors"] == {p: 1 + margins[p] for p in summary["pick"]["counts"]}
+    assert any(margins.values()) and "slowest measured host" in result.output
     caps = summary["capacities"]
     assert all(c["low"] <= c["rate"] <= (c["high"] or float("inf")) for c in caps)
     html = (out / "plan.html").read_text()
@@ -91,9 +95,33 @@ def test_a_host_margin_plans_every_replica_on_a_slower_host():
     caps = [capacity("llama-2-7b-h100-bf16", 6.0)]
     prices = PRICES.rename(index={"a": "llama-2-7b-h100-bf16"})
     fleet = fleets(caps, PlanConfig(12.0, ("llama-2-7b-h100-bf16",), mixed=False, host_margin=0.04), prices)[0]
-    assert fleet.host_factor == 1.04 and all(c.factor == 1.04 for c in fleet.cluster().costs())
-    assert all(not hasattr(c, "factor") for c in dataclasses.replace(fleet, host_factor=1.0).cluster().costs())
+    assert fleet.host_factors == {"llama-2-7b-h100-bf16": 1.04}
+    assert all(c.factor == 1.04 for c in fleet.cluster().costs())
+    assert all(not hasattr(c, "factor") for c in dataclasses.replace(fleet, host_factors={}).cluster().costs())
     with pytest.raises(ValueError, match="--host-margin"):
         PlanConfig(12.0, ("a",), host_margin=-0.1)
     result = CliRunner().invoke(plan, ["--rate", "12", "--host-margin", "1.5"])
     assert result.exit_code == 2 and "--host-margin must be a share" in result.output
+
+
+def test_by_default_each_profile_is_planned_on_its_slowest_measured_host(tmp_path):
+    """Without --host-margin a profile's replicas run as slow as its slowest measured host (its "hosts" section);
+    one without measured hosts runs as priced, and --host-margin 0 plans every profile as priced."""
+    from calibration.host_spread import HostSpread, MeasuredHost
+    from calibration.profile import load_profile
+
+    runs = tuple(MeasuredHost(host, "splitfuse-768", mix, served, simulated)
+                 for host, mix, served, simulated in (("h1", "long", 8.0, 8.2), ("h1", "short", 20, 20.2),
+                                                      ("h2", "long", 8.5, 8.4)))
+    measured = str(load_profile("llama-2-7b-h200-bf16").with_hosts(HostSpread(runs)).save(tmp_path / "m.json"))
+    plain = str(load_profile("llama-2-7b-h100-bf16").with_hosts(None).save(tmp_path / "plain.json"))
+    h1 = (8.2 / 8.0 + 20.2 / 20) / 2  # the slower host, over its two runs
+    config = PlanConfig(12.0, (measured, plain))
+    assert config.margin(measured) == pytest.approx(h1 - 1) and config.margin(plain) == 0
+    assert PlanConfig(12.0, (measured,), host_margin=0).margin(measured) == 0
+    prices = PRICES.rename(index={"a": measured, "b": plain})
+    fleet = next(f for f in fleets([capacity(measured, 6.0), capacity(plain, 5.0)], config, prices)
+                 if len(f.counts) == 2)
+    assert fleet.host_factors == pytest.approx({measured: h1, plain: 1.0})
+    factors = sorted(getattr(c, "factor", 1.0) for c in fleet.cluster().costs())
+    assert factors[0] == 1.0 and factors[-1] == pytest.approx(h1)

@@ -172,3 +172,35 @@ def test_added_points_of_another_measurement_are_refused(tmp_path, change, messa
     assert not out.exists()
     result = CliRunner().invoke(profile_cmd, ["--model", "tiny-llama", "--add-points", path, "--out", str(out)])
     assert result.exit_code == 2 and "--add-points goes with --refit" in result.output
+
+
+def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp_path):
+    """A host's factor is simulated over served requests/s, averaged over its runs; the margin is the slowest
+    host's excess. The section survives a save, a refit and --check; a new serving section drops it (it was
+    measured against the old one), and a damaged row is named."""
+    from calibration.cli import profile as profile_cmd
+    from calibration.fitting import refit
+    from calibration.host_spread import HostSpread, MeasuredHost
+
+    runs = (MeasuredHost("a", "splitfuse-768", "long", 8.0, 8.4), MeasuredHost("a", "splitfuse-768", "short", 20, 20),
+            MeasuredHost("b", "prefill-first-4352", "long", 9.0, 8.82))
+    spread = HostSpread(runs)
+    assert spread.factors() == pytest.approx({"a": 1.025, "b": 0.98}) and list(spread.factors()) == ["a", "b"]
+    assert spread.margin() == pytest.approx(0.025)
+    assert HostSpread(runs[2:]).margin() == 0  # every host keeps up with the profile
+    profile = load_profile("llama-2-7b").with_hosts(spread)
+    path = profile.save(tmp_path / "hosts.json")
+    again = load_profile(path)
+    assert again.hosts == spread and again.host_margin() == pytest.approx(0.025)
+    assert refit(again).hosts == spread
+    assert again.with_serving(None).hosts is None and load_profile("llama-2-7b").with_hosts(None).host_margin() == 0
+    result = CliRunner().invoke(profile_cmd, ["--check", str(path)])
+    assert result.exit_code == 0 and "hosts: 2 measured" in result.output and "2.5% slower" in result.output
+    good = {"host": "a", "scheduler": "splitfuse-768", "mix": "long", "measured_rps": 8, "simulated_rps": 8}
+    for row, message in (({**good, "measured_rps": 0}, "measured_rps must be a positive"),
+                         ({"host": "a", "measured_rps": 8}, r"runs\[0\] must be an object with host, scheduler"),
+                         ({**good, "clock": 1}, "unknown fields")):
+        with pytest.raises(ValueError, match=message):
+            load_profile(damaged(tmp_path, lambda d, row=row: d.update(hosts={"runs": [row]})))
+    with pytest.raises(ValueError, match="at least one measured run"):
+        HostSpread(())

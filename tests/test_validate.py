@@ -476,3 +476,38 @@ def test_clock_bias_weighs_each_cells_lowered_clock_against_the_calibration_runs
                                                  "--out", str(tmp_path / "bias.csv")])
     assert result.exit_code == 0, result.output
     assert len(pd.read_csv(tmp_path / "bias.csv")) == len(cells)
+
+
+def test_recorded_hosts_compare_each_overload_run_served_and_simulated(run, cpu_profile, tmp_path):
+    """--record-hosts writes the profile with each run's host: its overload run's steady rate as served and as
+    simulated on the same requests; a run added again replaces its row. --fit-serving records its runs' hosts
+    against its own fit; both at once, or a run without an overload run, are refused by name."""
+    out, _ = run
+    served = load_profile(out / "served.json")
+    assert served.hosts is not None and len(served.hosts.runs) == 1  # one overload run (the tiny mix)
+    row = served.hosts.runs[0]
+    assert row.host == run_host(json.loads((out / "meta.json").read_text()), out) and row.mix == "tiny"
+    assert row.measured_rps > 0 and row.simulated_rps > 0 and row.commit == served.hosts.runs[0].commit
+    recorded = tmp_path / "recorded.json"
+    for _ in range(2):  # the second time from the file the first wrote: the same run replaces its row
+        source = recorded if recorded.exists() else out / "served.json"
+        result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(source), "--out",
+                                               str(tmp_path / "c"), "--record-hosts", str(recorded),
+                                               "--host-of", f"{out}=host-9"])
+        assert result.exit_code == 0, result.output
+        assert "hosts, simulated / served requests/s: " in result.output and "host-9 " in result.output
+        hosts = load_profile(recorded).hosts
+        assert [r.host for r in hosts.runs] == [row.host, "host-9"]
+    assert hosts.runs[1].factor == pytest.approx(row.factor)
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "d"), "--record-hosts", str(tmp_path / "x.json"),
+                                           "--fit-serving", str(tmp_path / "y.json")])
+    assert result.exit_code == 2 and "drop --record-hosts" in result.output
+
+
+def test_a_runs_host_is_its_cards_where_recorded():
+    """Lent machines share one host name; their cards' UUIDs tell them apart (and two cards of one machine)."""
+    meta = {"host": {"hostname": "vm", "gpus": [{"index": 0, "uuid": "GPU-592555b7-1570-64f7", "name": "H200"}]}}
+    assert run_host(meta, Path("runs/a")) == "GPU-592555b7"
+    assert run_host({"host": {"hostname": "vm", "gpus": []}}, Path("runs/a")) == "vm"
+    assert run_host(meta, Path("runs/a"), "host-24") == "host-24"

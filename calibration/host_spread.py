@@ -1,0 +1,83 @@
+"""How the hosts of one card differ, as a profile records it (its optional "hosts" section, from version 11).
+
+Hosts of one card run the same passes a few percent apart (``calibration/VALIDATION.md``). One profile prices one
+host's passes, so on the others its capacity is off by that much. For each measured host, the section keeps the
+requests/s the host sustained in an overload run of the serving path, and what the simulator, with this profile,
+sustains on the same run (``splitfuse validate --from RUN... --record-hosts``). Their ratio is the host's pass-time
+factor: 1.03 means the profile would put 3% more through than the host did. ``margin`` is the slowest measured
+host's excess, what ``splitfuse plan`` plans for unless told otherwise. The ratios hold for the profile they were
+measured against: refitting the profile re-measures them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+FIELDS = ("host", "scheduler", "mix", "measured_rps", "simulated_rps", "date", "commit")
+REQUIRED = FIELDS[:5]
+
+
+@dataclass(frozen=True)
+class MeasuredHost:
+    """One overload run of one host: what it sustained and what the simulator sustains on the same requests."""
+
+    host: str
+    scheduler: str
+    mix: str
+    measured_rps: float
+    simulated_rps: float
+    date: str = ""
+    commit: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("measured_rps", "simulated_rps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                       and value > 0):
+                raise ValueError(f"host {self.host!r}: {name} must be a positive number of requests/s, got {value!r}")
+
+    @property
+    def factor(self) -> float:
+        return self.simulated_rps / self.measured_rps
+
+
+@dataclass(frozen=True)
+class HostSpread:
+    """The measured hosts of one profile's card, one row per overload run."""
+
+    runs: tuple[MeasuredHost, ...]
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("a host spread needs at least one measured run")
+
+    def factors(self) -> dict[str, float]:
+        """{host: its pass-time factor}, the mean over its runs (mixes and schedulers), slowest host first."""
+        by_host: dict[str, list[float]] = {}
+        for run in self.runs:
+            by_host.setdefault(run.host, []).append(run.factor)
+        means = {host: sum(f) / len(f) for host, f in by_host.items()}
+        return dict(sorted(means.items(), key=lambda item: -item[1]))
+
+    def margin(self) -> float:
+        """How much slower than the profile the slowest measured host runs (0 where every host keeps up)."""
+        return max(0.0, max(self.factors().values()) - 1)
+
+    def to_dict(self) -> dict:
+        return {"runs": [asdict(run) for run in self.runs]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> HostSpread:
+        if not isinstance(d, Mapping) or not isinstance(d.get("runs"), list):
+            raise ValueError("expected an object with a list of 'runs'")
+        runs = []
+        for i, row in enumerate(d["runs"]):
+            if not isinstance(row, Mapping) or not set(REQUIRED) <= row.keys():
+                raise ValueError(f"runs[{i}] must be an object with {', '.join(REQUIRED)}")
+            unknown = set(row) - set(FIELDS)
+            if unknown:
+                raise ValueError(f"runs[{i}] has unknown fields {sorted(unknown)}")
+            runs.append(MeasuredHost(**{k: row[k] for k in FIELDS if k in row}))
+        return cls(tuple(runs))
