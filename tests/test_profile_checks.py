@@ -59,6 +59,15 @@ def test_every_shipped_profile_passes_the_checks():
     assert all(load_profile(name).num_kv_blocks > 0 for name in shipped_profiles())
 
 
+def test_every_shipped_measured_profile_knows_its_hosts():
+    """Each measured profile carries the hosts it was judged on, so a plan covers the slowest of them."""
+    from calibration.profile import shipped_profiles
+
+    measured = [load_profile(n) for n in shipped_profiles() if load_profile(n).meta["kind"] == "measured"]
+    assert len(measured) == 5 and all(p.hosts is not None and len(p.hosts.factors()) >= 2 for p in measured)
+    assert all(0 <= p.host_margin() < 0.1 for p in measured)
+
+
 def test_every_shipped_point_is_priced_with_the_serving_section():
     """A profile may hold points swept before a feature existed beside newer ones (None in its column): each still
     has features, and the profile with its serving section prices it (as ``profile --check --plot`` does)."""
