@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.host_spread import HostSpread, MeasuredHost
 from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
 from calibration.validation_results import VIEWS
 from engine.policy import PassFeatures, PolicyConfig, plan_features
@@ -795,12 +796,30 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     return cells
 
 
-def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
-    """``profile`` with the hosts of the ``measured`` runs (``sim.validate_hosts.measured_hosts``; ``hosts``: their
-    labels) added to those it holds; a run measured again replaces its earlier row."""
-    from calibration.host_spread import HostSpread
-    from sim.validate_hosts import measured_hosts
+def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) -> list[MeasuredHost]:
+    """One ``MeasuredHost`` per single-engine overload run of ``directory`` (the runs that measured a saturation
+    rate): its ``steady_throughput`` as served and as simulated with ``cost`` on the same seeded requests and the KV
+    cache the server had. ``host`` overrides the run's recorded host (``run_host``)."""
+    meta, runs, _ = load_measured(directory, "calibration")
+    label = run_host(meta, directory, host)
+    rows = []
+    for name, m, info in runs:
+        if m.cell.clients or m.cell.load is not None or m.cell.replicas != 1:
+            continue  # the warm-up (closed loop), or a fleet's
+        concurrency = engine_concurrency(m.cell, info)
+        served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
+        result = simulate(m.cell.workload(m.rate), ClusterConfig(served, 1, m.cell.policy), seed=m.cell.seed,
+                          workload_seed=m.cell.seed)
+        rows.append(MeasuredHost(label, name, m.cell.mix,
+                                 steady_throughput([r.chunk_times[-1] for r in m.records], concurrency),
+                                 steady_throughput(result.columns["finish"], concurrency),
+                                 str(meta.get("date", ""))[:10], str(meta.get("commit", ""))))
+    return rows
 
+
+def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+    """``profile`` with the hosts of the ``measured`` runs (``measured_hosts``; ``hosts``: their labels) added to
+    those it holds (``calibration.host_spread``); a run measured again replaces its earlier row."""
     rows = [row for directory in measured for row in measured_hosts(directory, profile, hosts.get(directory))]
     if not rows:
         raise ValueError("the runs hold no single-engine overload run (their saturation rates were taken "
