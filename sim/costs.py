@@ -117,7 +117,7 @@ class SlowerHost:
         self.meta = {**cost.meta, "host_factor": self.factor}
         self.noise_factors, self.admission_seconds = cost.noise_factors, cost.admission_seconds
         self.delivery_seconds = cost.delivery_seconds
-        self.energy = getattr(cost, "energy", None)
+        self.energy, self.serving = getattr(cost, "energy", None), getattr(cost, "serving", None)
 
     def new_heat(self):
         return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None

@@ -48,7 +48,7 @@ from engine.policy import PassFeatures, PolicyConfig, plan_features
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
-from sim.costs import CostModel
+from sim.costs import CostModel, SlowerHost
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
 from sim.request_log import RequestLog
@@ -900,12 +900,17 @@ def _command():
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
+    @click.option("--host-margin", type=click.FloatRange(min=0, max=1, max_open=True), default=0.0,
+                  show_default=True,
+                  help="Simulate on a host whose passes run this share slower than the profile's (0.028: 2.8%; a "
+                       "host's factor in the profile's hosts section, less 1).")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 host_labels, fit_serving, record_hosts, exclude_first_requests, sim_seeds, **engine_options):
+                 host_labels, fit_serving, record_hosts, exclude_first_requests, host_margin, sim_seeds,
+                 **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -970,6 +975,8 @@ def _command():
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margin {cost.host_margin():.1%}; wrote "
                        f"{fit_serving or record_hosts}")
+        if host_margin:
+            cost = SlowerHost(cost, 1 + host_margin)
         for directory in measured:
             into = out if len(measured) == 1 else out / _folder_name(directory)
             compare(directory, cost, into, sim_seeds, exclude_first_requests)

@@ -238,6 +238,23 @@ def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_p
     assert result.exit_code == 2 and "--from" in result.output
 
 
+def test_a_host_margin_compares_on_a_slower_host(run, tmp_path):
+    """``--host-margin`` stretches every simulated pass: the simulated latencies grow, the measured rows stay."""
+    out, _ = run
+    original = pd.read_csv(out / "validation.csv")
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "slow"), "--host-margin", "0.5"])
+    assert result.exit_code == 0, result.output
+    slow = pd.read_csv(tmp_path / "slow" / "validation.csv")
+    tpot = {source: (slow[slow.source == source].tpot_mean.values, original[original.source == source].tpot_mean.values)
+            for source in ("server", "client", "sim")}
+    assert all((tpot[source][0] == tpot[source][1]).all() for source in ("server", "client"))
+    assert (tpot["sim"][0] > tpot["sim"][1]).all()
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "bad"), "--host-margin", "1.5"])
+    assert result.exit_code == 2 and "--host-margin" in result.output
+
+
 def test_each_clients_first_requests_can_be_left_out_of_both_sides(run, tmp_path):
     """``--exclude-first-requests``: the open-loop cell loses each client process's first request (2 processes),
     the closed-loop cell each client's first (2 clients); the simulator scores the same requests."""
