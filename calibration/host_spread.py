@@ -6,7 +6,9 @@ requests/s the host sustained in an overload run of the serving path, and what t
 sustains on the same run (``splitfuse validate --from RUN... --record-hosts``). Their ratio is the host's pass-time
 factor: 1.03 means the profile would put 3% more through than the host did. ``margin`` is the slowest measured
 host's excess, what ``splitfuse plan`` plans for unless told otherwise. The ratios hold for the profile they were
-measured against: refitting the profile re-measures them.
+measured against: a new serving section drops them (``--fit-serving`` measures its runs' hosts again), and a refit
+of the cost model from the profile's own points (``splitfuse profile --refit``) keeps them, as it keeps the serving
+section.
 """
 
 from __future__ import annotations
