@@ -3,9 +3,9 @@ fitted cost model, the spread of pass times, the KV capacity the engine gets on 
 what the serving loop adds to each pass (``calibration.serving``), (from version 4) the energy of each pass
 (``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``), (from
 version 7) knees in its attention terms, (from version 8) the card's heat in the serving section, (from version
-9) a knee in its loop, (from version 10) a scale of its own for eager passes of prompts alone and (from version 11)
-how the card's measured hosts differ from it (``calibration.host_spread``). All are optional, and files of versions
-2 to 10 still load.
+9) a knee in its loop, (from version 10) a scale of its own for eager passes of prompts alone, (from version 11)
+how the card's measured hosts differ from it (``calibration.host_spread``) and (from version 12) a scale of its own
+for graph passes of prompts alone. All are optional, and files of versions 2 to 11 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -40,10 +40,11 @@ FORMAT = "splitfuse-profile"
 # section's path scales may grow with the card's heat (``calibration.serving.PrefillHeat``); 9: the serving loop's
 # work may grow faster per sampled entry past a knee; 10: eager passes of prompts alone may have a scale of their
 # own ("eager-prefill"); 11: an optional "hosts" section, the measured hosts' capacity against this profile
-# (``calibration.host_spread``). Versions 2-10 are read too (no knees, no launch term; points without the longest
-# contexts hold 0 for them, not known; no heat; a loop of one line; prompts alone at the eager path's scale).
-VERSION = 11
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+# (``calibration.host_spread``); 12: graph passes of prompts alone may have a scale of their own ("mixed-prefill").
+# Versions 2-11 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
+# known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale).
+VERSION = 12
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -82,8 +83,12 @@ class Profile:
         timed it, or, where the profile has its serving section, as the server runs it, with the serving loop's
         work until the next step, on a card of that ``heat`` (``new_heat``)."""
         serving = self.serving
-        return (serving.scale(scale_path(self.model.path(f), f.decode_tokens), heat) * self.model.predict(f)
-                + serving.loop_seconds(f.num_samples) + serving.spread_seconds(f))
+        return (serving.scale(self.scale_path(f), heat) * self.model.predict(f) + serving.loop_seconds(f.num_samples)
+                + serving.spread_seconds(f))
+
+    def scale_path(self, f: PassFeatures) -> str:
+        """The serving section's path of a pass with features ``f`` (``calibration.serving.scale_path``)."""
+        return scale_path(self.model.path(f), f.decode_tokens)
 
     def new_heat(self) -> PrefillHeat | None:
         """A fresh ``PrefillHeat`` of the card (what a simulated replica keeps and passes to ``predict``), or None

@@ -5,8 +5,8 @@ A profile's pass (``calibration.sweep``) is an engine step from scheduling to th
 Served, three things differ, each measured through the real server (``splitfuse validate`` traces every pass and
 request; the fit uses its warm-up and overload runs, never the cells it is then judged on):
 - the step itself, on a GPU that runs passes back to back with an API process beside it: ``path_scale``, per
-  execution path (from profile version 10 an eager pass of a prompt alone apart, ``scale_path``), the median of
-  served step time / the profile's prediction;
+  execution path (prompts alone apart: on the eager path from profile version 10, on the mixed graph from version
+  12, ``scale_path``), the median of served step time / the profile's prediction;
 - the engine loop's own work before the next step (building each sampled request's output, sending them to the
   API process, taking in commands): ``per_pass_s`` + ``per_sample_s`` x sampled entries, and from ``loop_knee``
   entries on a further ``per_sample_above_knee_s`` each (from profile version 9): a convex broken line through the
@@ -42,7 +42,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-PATHS = ("decode-graph", "mixed-graph", "eager", "eager-prefill")
+PATHS = ("decode-graph", "mixed-graph", "eager", "eager-prefill", "mixed-prefill")
+# A path priced apart from a later profile version, and the path whose scale (and heat) priced it before.
+PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
@@ -54,10 +56,12 @@ SPREAD_KNEE = 2.0
 
 def scale_path(path: str, decode_tokens: int) -> str:
     """The serving section's name for the scale of a pass the engine runs on ``path`` (``engine.runner.ModelRunner.
-    path``): "eager-prefill" for an eager pass with no decodes (a prompt alone), else ``path``. Served, such passes
-    run 10-15% under the sweep's when the card is cool and on it when hot, while eager passes with decodes run on
-    the sweep at any heat (llama-3-8b, ``calibration/VALIDATION.md``, eighteenth round)."""
-    return "eager-prefill" if path == "eager" and not decode_tokens else path
+    path``): "eager-prefill" or "mixed-prefill" for an eager or mixed-graph pass with no decodes (prompts alone),
+    else ``path``. Served, prompts alone run closer to the sweep than passes with decodes, and more so as the card
+    heats (llama-3-8b, ``calibration/VALIDATION.md``, eighteenth and twenty-third rounds)."""
+    if decode_tokens:
+        return path
+    return {base: alone for alone, base in PREFILL_PATHS.items()}.get(path, path)
 
 
 def decode_spread_tokens(decode_tokens: int, prefill_tokens: int, decode_context: int,
@@ -138,15 +142,17 @@ class ServingModel:
         unknown = [p for p in scale if p not in PATHS]
         if unknown:
             raise ValueError(f"serving path_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
-        if "eager-prefill" not in scale and "eager" in scale:  # before version 10 the eager path priced both
-            scale["eager-prefill"] = scale["eager"]
+        for alone, base in PREFILL_PATHS.items():  # before versions 10 and 12 the base path priced both
+            if alone not in scale and base in scale:
+                scale[alone] = scale[base]
         self.path_scale = {p: _check(f"path_scale[{p}]", scale.get(p, 1.0), 1e-3) for p in PATHS}
         heat = dict(heat_scale or {})
         unknown = [p for p in heat if p not in PATHS]
         if unknown:
             raise ValueError(f"serving heat_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
-        if "eager-prefill" not in heat and "eager" in heat:
-            heat["eager-prefill"] = heat["eager"]
+        for alone, base in PREFILL_PATHS.items():
+            if alone not in heat and base in heat:
+                heat[alone] = heat[base]
         self.heat_scale = {p: _check(f"heat_scale[{p}]", heat.get(p, 0.0)) for p in PATHS}
         self.fit = dict(fit or {})
 

@@ -214,32 +214,35 @@ def test_a_hot_card_slows_the_simulated_passes():
     assert again.e2e.tolist() == runs["hot"].e2e.tolist()
 
 
-def test_an_eager_pass_of_a_prompt_alone_has_a_scale_of_its_own():
-    """From profile version 10 an eager pass without decodes is priced at "eager-prefill"'s scale (and heat); a
-    section from before prices it at the eager path's, as it did."""
-    assert [scale_path("eager", 0), scale_path("eager", 3), scale_path("mixed-graph", 0)] == [
-        "eager-prefill", "eager", "mixed-graph"]
+@pytest.mark.parametrize("base, alone, prompt", [("eager", "eager-prefill", 2000),
+                                                 ("mixed-graph", "mixed-prefill", 300)])
+def test_a_pass_of_prompts_alone_has_a_scale_of_its_own(base, alone, prompt):
+    """From profile version 10 (eager) and 12 (mixed graph) a pass without decodes is priced at its own path's scale
+    (and heat); a section from before prices it at the base path's, as it did."""
+    assert [scale_path(base, 0), scale_path(base, 3), scale_path("decode-graph", 0)] == [alone, base, "decode-graph"]
     profile = load_profile("llama-2-7b-h200")
     section = profile.serving.to_dict()
-    older = {**section, "path_scale": {p: v for p, v in section["path_scale"].items() if p != "eager-prefill"},
-             "heat_scale": {p: v for p, v in section["heat_scale"].items() if p != "eager-prefill"}}
+    older = {**section, "path_scale": {p: v for p, v in section["path_scale"].items() if p != alone},
+             "heat_scale": {p: v for p, v in section["heat_scale"].items() if p != alone}}
     before = ServingModel.from_dict(older)
-    assert before.scale("eager-prefill", 0.7) == before.scale("eager", 0.7) > before.scale("eager", 0.0)
+    heated = ServingModel.from_dict({**older, "heat_scale": {**older["heat_scale"], base: 0.2}})
+    assert before.scale(alone, 0.7) == before.scale(base, 0.7)
+    assert heated.scale(alone, 0.7) == heated.scale(base, 0.7) > heated.scale(base, 0.0)
     own = profile.with_serving(ServingModel.from_dict({
-        **section, "path_scale": {**section["path_scale"], "eager-prefill": 0.5},
-        "heat_scale": {**section["heat_scale"], "eager-prefill": 0.25}}))
-    alone = plan_features(BatchPlan(num_new_tokens=[2000], start_positions=[0], samples=[True],
-                                    num_prefill_tokens=2000))
-    beside = plan_features(BatchPlan(num_new_tokens=[1, 2000], start_positions=[300, 0], samples=[True, True],
-                                     num_decodes=1, num_prefill_tokens=2000))
+        **section, "path_scale": {**section["path_scale"], alone: 0.5},
+        "heat_scale": {**section["heat_scale"], alone: 0.25}}))
+    by_itself = plan_features(BatchPlan(num_new_tokens=[prompt], start_positions=[0], samples=[True],
+                                        num_prefill_tokens=prompt))
+    beside = plan_features(BatchPlan(num_new_tokens=[1, prompt], start_positions=[300, 0], samples=[True, True],
+                                     num_decodes=1, num_prefill_tokens=prompt))
     serving = own.serving
-    assert own.model.path(alone) == own.model.path(beside) == "eager"
-    assert own.predict(alone, 0.4) == pytest.approx(
-        (0.5 + 0.25 * 0.4) * own.model.predict(alone) + serving.loop_seconds(1))
+    assert own.model.path(by_itself) == own.model.path(beside) == base
+    assert own.predict(by_itself, 0.4) == pytest.approx(
+        (0.5 + 0.25 * 0.4) * own.model.predict(by_itself) + serving.loop_seconds(1))
     assert own.predict(beside, 0.4) == pytest.approx(
-        serving.scale("eager", 0.4) * own.model.predict(beside) + serving.loop_seconds(2))
-    fitted = fit_serving({**synthetic()[0], "path": ["eager-prefill"] * 2000}, synthetic()[1])
-    assert fitted.path_scale["eager-prefill"] == pytest.approx(1.05) and fitted.path_scale["eager"] == 1.0
+        serving.scale(base, 0.4) * own.model.predict(beside) + serving.loop_seconds(2))
+    fitted = fit_serving({**synthetic()[0], "path": [alone] * 2000}, synthetic()[1])
+    assert fitted.path_scale[alone] == pytest.approx(1.05) and fitted.path_scale[base] == 1.0
 
 
 def test_the_loop_bends_where_its_work_per_entry_grows():
