@@ -4,6 +4,7 @@ and small analytic models for tests."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -105,16 +106,23 @@ class LinearCost:
 
 class SlowerHost:
     """``cost`` on a host whose passes take ``factor`` times as long: a card of the same kind that runs slower than
-    the profile's typical host (the hosts of one card differ by a few percent, ``calibration/VALIDATION.md``). The
-    serving path's admission and delivery, the pass-time spread and the KV geometry stay the profile's."""
+    the profile's typical host (the hosts of one card differ by a few percent, ``calibration/VALIDATION.md``), and
+    each pass of a path in ``path_factors`` (a profile's serving paths, ``Profile.scale_path``) that many times more.
+    The serving path's admission and delivery, the pass-time spread and the KV geometry stay the profile's."""
 
-    def __init__(self, cost: CostModel, factor: float) -> None:
-        if not (math.isfinite(factor) and factor > 0):
-            raise ValueError(f"a host's pass-time factor must be a positive number, got {factor!r}")
-        self.cost, self.factor = cost, float(factor)
+    def __init__(self, cost: CostModel, factor: float = 1.0, path_factors: Mapping[str, float] | None = None) -> None:
+        path_factors = dict(path_factors or {})
+        for name, value in {"": factor, **path_factors}.items():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                where = f" of path {name!r}" if name else ""
+                raise ValueError(f"a host's pass-time factor{where} must be a positive number, got {value!r}")
+        if path_factors and not hasattr(cost, "scale_path"):
+            raise ValueError("factors per path need a measured profile, whose passes know their serving path")
+        self.cost, self.factor, self.path_factors = cost, float(factor), path_factors
         self.block_size, self.num_kv_blocks = cost.block_size, cost.num_kv_blocks
         self.max_model_len = cost.max_model_len
-        self.meta = {**cost.meta, "host_factor": self.factor}
+        self.meta = {**cost.meta, "host_factor": self.factor, **({"host_path_factors": path_factors}
+                                                                  if path_factors else {})}
         self.noise_factors, self.admission_seconds = cost.noise_factors, cost.admission_seconds
         self.delivery_seconds = cost.delivery_seconds
         self.energy, self.serving = getattr(cost, "energy", None), getattr(cost, "serving", None)
@@ -123,7 +131,10 @@ class SlowerHost:
         return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None
 
     def predict(self, features: PassFeatures, *heat: float) -> float:
-        return self.factor * self.cost.predict(features, *heat)
+        factor = self.factor
+        if self.path_factors:
+            factor *= self.path_factors.get(self.cost.scale_path(features), 1.0)
+        return factor * self.cost.predict(features, *heat)
 
 
 def builtin_llama_2_7b() -> LinearCost:

@@ -817,6 +817,32 @@ def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) ->
     return rows
 
 
+MIN_PATH_PASSES = 20  # fewer traced passes of a path than this give it no factor of its own
+
+
+def overload_path_factors(directory: Path, cost: CostModel) -> dict[str, float]:
+    """{serving path: served / predicted loop time} over the passes with prompt tokens of ``directory``'s
+    single-engine overload runs (those that measured a saturation rate, outside every cell), for the paths with
+    ``MIN_PATH_PASSES`` or more: how much slower than ``cost`` the host that ran them runs each path, as
+    ``SlowerHost(cost, path_factors=...)`` takes it. Empty where the runs traced no overload run.
+
+    Passes of decodes alone are left out: an overload run's decode batches are larger than any cell's below
+    saturation, and their error there is the batch's, not the host's, while passes with prompt tokens are the same
+    chunks and prompts at every load (``calibration/VALIDATION.md``, twenty-third round)."""
+    _, runs, traces = load_measured(directory, "calibration")
+    served, predicted, count = {}, {}, {}
+    for name, m, info in runs:
+        if m.cell.clients or m.cell.load is not None or m.cell.replicas != 1 or traces.get(name) is None:
+            continue
+        for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
+            if row["prefill_tokens"] and np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"]):
+                path = scale_path(row["path"], row["decode_tokens"])
+                served[path] = served.get(path, 0.0) + row["loop_s"]
+                predicted[path] = predicted.get(path, 0.0) + row["predicted_s"]
+                count[path] = count.get(path, 0) + 1
+    return {path: served[path] / predicted[path] for path in sorted(served) if count[path] >= MIN_PATH_PASSES}
+
+
 def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
     """``profile`` with the hosts of the ``measured`` runs (``measured_hosts``; ``hosts``: their labels) added to
     those it holds (``calibration.host_spread``); a run measured again replaces its earlier row."""
@@ -904,13 +930,18 @@ def _command():
                   show_default=True,
                   help="Simulate on a host whose passes run this share slower than the profile's (0.028: 2.8%; a "
                        "host's factor in the profile's hosts section, less 1).")
+    @click.option("--host-from-overload", is_flag=True,
+                  help="Simulate each run on its own host: each serving path's passes with prompt tokens slowed by "
+                       "the factor its overload runs show (served / predicted loop time, passes outside every "
+                       "cell); the factors go to host_factors.json. Needs a measured profile; not with "
+                       "--host-margin.")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 host_labels, fit_serving, record_hosts, exclude_first_requests, host_margin, sim_seeds,
-                 **engine_options):
+                 host_labels, fit_serving, record_hosts, exclude_first_requests, host_margin, host_from_overload,
+                 sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -932,6 +963,10 @@ def _command():
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
+        if host_from_overload and not isinstance(cost, Profile):
+            raise click.UsageError("--host-from-overload needs a measured profile (--profile NAME|FILE)")
+        if host_from_overload and host_margin:
+            raise click.UsageError("--host-from-overload measures each run's host; drop --host-margin")
         if fit_serving and record_hosts:
             raise click.UsageError("--fit-serving records its runs' hosts in its profile; drop --record-hosts")
         if not measured:
@@ -977,9 +1012,22 @@ def _command():
                        f"{fit_serving or record_hosts}")
         if host_margin:
             cost = SlowerHost(cost, 1 + host_margin)
+        own_hosts = {directory: overload_path_factors(directory, cost) for directory in measured} \
+            if host_from_overload else {}
+        for directory, factors in own_hosts.items():
+            if not factors:
+                raise click.ClickException(f"--host-from-overload: {directory} traced no overload run")
         for directory in measured:
             into = out if len(measured) == 1 else out / _folder_name(directory)
-            compare(directory, cost, into, sim_seeds, exclude_first_requests)
+            host = cost
+            if directory in own_hosts:
+                factors = own_hosts[directory]
+                host = SlowerHost(cost, path_factors=factors)
+                into.mkdir(parents=True, exist_ok=True)
+                (into / "host_factors.json").write_text(json.dumps(factors, indent=1) + "\n")
+                click.echo(f"{directory}: its host, served / predicted loop time: "
+                           + ", ".join(f"{path} {f:.3f}" for path, f in factors.items()))
+            compare(directory, host, into, sim_seeds, exclude_first_requests)
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate

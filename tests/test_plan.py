@@ -91,6 +91,28 @@ def test_a_slower_host_takes_longer_per_pass_and_sustains_less():
         SlowerHost(profile, 0.0)
 
 
+def test_a_slower_host_can_slow_each_serving_path_apart():
+    """Factors per path slow only the passes of their path, on top of the host's factor; they need a profile."""
+    from engine.policy import plan_features
+    from engine.policy.plan import BatchPlan
+    from sim.costs import SlowerHost, builtin_llama_2_7b, load_cost_model
+
+    profile = load_cost_model("llama-2-7b-h200-bf16")
+    slow = SlowerHost(profile, 1.01, path_factors={"mixed-graph": 1.1})
+    mixed = plan_features(BatchPlan(num_new_tokens=[1, 500], start_positions=[300, 0], samples=[True, True],
+                                    num_decodes=1, num_prefill_tokens=500))
+    decode = plan_features(BatchPlan(num_new_tokens=[1] * 8, start_positions=[300] * 8, samples=[True] * 8,
+                                     num_decodes=8))
+    assert [profile.scale_path(mixed), profile.scale_path(decode)] == ["mixed-graph", "decode-graph"]
+    assert slow.predict(mixed, 0.3) == pytest.approx(1.01 * 1.1 * profile.predict(mixed, 0.3))
+    assert slow.predict(decode, 0.3) == pytest.approx(1.01 * profile.predict(decode, 0.3))
+    assert slow.meta["host_path_factors"] == {"mixed-graph": 1.1}
+    with pytest.raises(ValueError, match="path 'eager'"):
+        SlowerHost(profile, path_factors={"eager": float("nan")})
+    with pytest.raises(ValueError, match="measured profile"):
+        SlowerHost(builtin_llama_2_7b(), path_factors={"eager": 1.1})
+
+
 def test_a_host_margin_plans_every_replica_on_a_slower_host():
     caps = [capacity("llama-2-7b-h100-bf16", 6.0)]
     prices = PRICES.rename(index={"a": "llama-2-7b-h100-bf16"})

@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
+from calibration.serving import PATHS  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
 from sim.validate import (  # noqa: E402
@@ -27,6 +28,7 @@ from sim.validate import (  # noqa: E402
     fill_decode_max_context,
     load_measured,
     make_cells,
+    overload_path_factors,
     overload_requests,
     parse_mix,
     read_traces,
@@ -253,6 +255,33 @@ def test_a_host_margin_compares_on_a_slower_host(run, tmp_path):
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
                                            str(tmp_path / "bad"), "--host-margin", "1.5"])
     assert result.exit_code == 2 and "--host-margin" in result.output
+
+
+def test_a_run_compares_on_its_own_host_from_its_overload_passes(run, tmp_path):
+    """``--host-from-overload`` slows each serving path by what the run's overload passes with prompt tokens show
+    (outside every cell; decode steps alone get no factor): the factors are written, the simulated rows move and the
+    measured rows stay; it needs a measured profile and refuses --host-margin beside it."""
+    out, _ = run
+    profile = load_profile(out / "served.json")
+    factors = overload_path_factors(out, profile)
+    assert factors and all(path in PATHS for path in factors) and all(f > 0 for f in factors.values())
+    assert "decode-graph" not in factors
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "own"), "--host-from-overload"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "own" / "host_factors.json").read_text()) == pytest.approx(factors)
+    assert "its host, served / predicted loop time: " in result.output
+    original, own = (pd.read_csv(d / "validation.csv") for d in (out, tmp_path / "own"))
+    for source in ("server", "client"):
+        assert (own[own.source == source].tpot_mean.values
+                == original[original.source == source].tpot_mean.values).all()
+    assert (own[own.source == "sim"].e2e_mean.values != original[original.source == "sim"].e2e_mean.values).any()
+    for extra, message in ((["--host-margin", "0.1"], "drop --host-margin"), (["--profile", "builtin-llama-2-7b"],
+                                                                             "measured profile")):
+        args = ["--from", str(out), "--profile", str(out / "served.json"), "--out", str(tmp_path / "x"),
+                "--host-from-overload", *extra]
+        result = CliRunner().invoke(validate, args)
+        assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_each_clients_first_requests_can_be_left_out_of_both_sides(run, tmp_path):
