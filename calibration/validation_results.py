@@ -21,6 +21,34 @@ LATENCY_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s
 METRICS = (*LATENCY_METRICS, "throughput_rps", "token_throughput_tps", "mean_tokens_per_pass", "preemptions",
            "effective_throughput_rps", "sla_share")
 
+# The bounds the simulator is judged by (issue 17, calibration/VALIDATION.md): |sim - measured| / measured per cell
+# up to saturation; past it (load > 1) every one of these within OVERLOAD_BOUND; a fleet's cells on FLEET_BOUNDS.
+BOUNDS = {"tpot_mean": 0.03, "e2e_mean": 0.03, "ttft_mean": 0.05, "tpot_p90": 0.10, "ttft_p90": 0.10,
+          "e2e_p90": 0.10, "throughput_rps": 0.02}
+OVERLOAD_BOUND = 0.10
+FLEET_BOUNDS = {"throughput_rps": 0.02, "tpot_mean": 0.03, "ttft_mean": 0.05}
+
+
+def bound_misses(row) -> list[str]:
+    """The metrics of one cell's relative errors (a row with ``load``, ``replicas`` and metric columns, as
+    ``splitfuse validate`` writes ``errors.csv``) outside their bound, in ``BOUNDS`` order; a metric the row lacks
+    or could not measure (NaN) is not judged."""
+    import math
+
+    bounds = FLEET_BOUNDS if (row.get("replicas") or 1) > 1 else BOUNDS
+    load = row.get("load")
+    if load is not None and load > 1:
+        bounds = dict.fromkeys(bounds, OVERLOAD_BOUND)
+    return [metric for metric, bound in bounds.items()
+            if row.get(metric) is not None and not math.isnan(row[metric]) and abs(row[metric]) > bound]
+
+
+def with_bounds(errors):
+    """``errors`` (one row per cell and view) with ``in_bounds`` and ``misses`` (the metrics outside their bound,
+    ``bound_misses``, joined by spaces)."""
+    misses = [" ".join(bound_misses(row)) for _, row in errors.iterrows()]
+    return errors.assign(in_bounds=[not m for m in misses], misses=misses)
+
 
 def read_validation(paths=None):
     """Every row of the given CSV files (default: ``calibration/validation/*.csv``) as one DataFrame, with

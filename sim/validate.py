@@ -19,9 +19,10 @@ between the two views is the serving path's delivery time, and each pass's trace
 beside what the pass took (``passes.csv``).
 
 Writes ``validation.csv`` (one row per cell and source: cell keys, metrics), ``errors.csv`` (the simulator's relative
-error against each measured view), ``passes.csv`` (every traced pass of every cell: features, path, measured and
-predicted seconds), ``delivery.csv`` (per request: server and client first-token and finish times) and
-``report.html``.
+error against each measured view, and whether the cell is within the bounds it is judged by:
+``calibration.validation_results.BOUNDS``), ``passes.csv`` (every traced pass of every cell: features, path,
+measured and predicted seconds), ``delivery.csv`` (per request: server and client first-token and finish times)
+and ``report.html``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import numpy as np
 
 from calibration.host_spread import HostSpread, MeasuredHost
 from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
-from calibration.validation_results import VIEWS
+from calibration.validation_results import VIEWS, with_bounds
 from engine.policy import PassFeatures, PolicyConfig, plan_features
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
@@ -702,7 +703,7 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
                                   "server_finish": trace_requests[r.response_id]["token_times"][-1] - m.t0,
                                   "client_finish": r.chunk_times[-1], "output_tokens": r.output_tokens})
     frame, passes, delivery = pd.DataFrame(rows), pd.DataFrame(passes_rows), pd.DataFrame(delivery_rows)
-    errors = relative_errors(frame)
+    errors = with_bounds(relative_errors(frame))
     frame.to_csv(out / "validation.csv", index=False)
     errors.to_csv(out / "errors.csv", index=False)
     passes.to_csv(out / "passes.csv", index=False)
@@ -1027,7 +1028,10 @@ def _command():
                 (into / "host_factors.json").write_text(json.dumps(factors, indent=1) + "\n")
                 click.echo(f"{directory}: its host, served / predicted loop time: "
                            + ", ".join(f"{path} {f:.3f}" for path, f in factors.items()))
-            compare(directory, host, into, sim_seeds, exclude_first_requests)
+            errors = compare(directory, host, into, sim_seeds, exclude_first_requests)["errors"]
+            judged = ", ".join(f"{view} {int(part.in_bounds.sum())} of {len(part)}"
+                               for view, part in errors.groupby("view", sort=False))
+            click.echo(f"cells within the bounds (errors.csv: in_bounds, misses): {judged}")
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate

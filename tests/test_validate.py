@@ -236,6 +236,10 @@ def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_p
                                       frame[frame.source.isin(measured)].reset_index(drop=True))
         sim_then, sim_now = original[original.source == "sim"], frame[frame.source == "sim"]
         assert np.allclose(sim_then.tpot_mean, sim_now.tpot_mean, rtol=0, atol=0) == same
+        errors = pd.read_csv(again / "errors.csv")
+        counts = ", ".join(f"{view} {int(part.in_bounds.sum())} of {len(part)}"
+                           for view, part in errors.groupby("view", sort=False))
+        assert f"cells within the bounds (errors.csv: in_bounds, misses): {counts}" in result.output
     result = CliRunner().invoke(validate, ["--profile", str(cpu_profile), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--from" in result.output
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.validation_results import compare, read_validation
+from calibration.validation_results import BOUNDS, compare, read_validation, with_bounds
 
 HEADER = "source,scheduler,mix,load,ttft_p50,throughput_rps\n"
 
@@ -114,3 +114,19 @@ def test_validation_md_states_the_fastgen_headline_the_shipped_grid_gives():
     for source in ("client", "sim"):
         assert f"{headline.loc[source, 'effective throughput ratio']:.2f}x" in text, source
     assert f"**{headline.loc['client', 'p95 ITL ratio @32']:.2f}**" in text
+
+
+def test_each_cell_is_judged_by_the_bounds_of_its_load_and_fleet():
+    """Up to saturation each metric has its bound; past it (load > 1) every one is 10%; a fleet's cell is judged on
+    throughput, mean TPOT and mean TTFT alone. A metric not measured (NaN) is not judged."""
+    cells = pd.DataFrame([
+        {"load": 0.9, "replicas": 1, **dict.fromkeys(BOUNDS, 0.0), "tpot_mean": -0.031, "ttft_p90": float("nan")},
+        {"load": 0.9, "replicas": 1, **dict.fromkeys(BOUNDS, 0.0), "tpot_mean": 0.029, "ttft_mean": -0.049},
+        {"load": 1.15, "replicas": 1, **dict.fromkeys(BOUNDS, 0.09), "ttft_mean": -0.11},
+        {"load": 0.5, "replicas": 2, **dict.fromkeys(BOUNDS, 0.0), "e2e_p90": 0.5, "throughput_rps": 0.021},
+        {"load": float("nan"), "replicas": 1, **dict.fromkeys(BOUNDS, 0.0), "e2e_mean": 0.04},
+    ])
+    judged = with_bounds(cells)
+    assert judged.misses.tolist() == ["tpot_mean", "", "ttft_mean", "throughput_rps", "e2e_mean"]
+    assert judged.in_bounds.tolist() == [False, True, False, False, False]
+
