@@ -797,6 +797,12 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     return cells
 
 
+def is_overload_run(cell: Cell) -> bool:
+    """Whether a calibration run of ``cell`` is a single engine's overload run, the one that measured its saturation
+    rate (not the closed-loop warm-up, not a fleet's)."""
+    return not cell.clients and cell.load is None and cell.replicas == 1
+
+
 def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) -> list[MeasuredHost]:
     """One ``MeasuredHost`` per single-engine overload run of ``directory`` (the runs that measured a saturation
     rate): its ``steady_throughput`` as served and as simulated with ``cost`` on the same seeded requests and the KV
@@ -805,8 +811,8 @@ def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) ->
     label = run_host(meta, directory, host)
     rows = []
     for name, m, info in runs:
-        if m.cell.clients or m.cell.load is not None or m.cell.replicas != 1:
-            continue  # the warm-up (closed loop), or a fleet's
+        if not is_overload_run(m.cell):
+            continue
         concurrency = engine_concurrency(m.cell, info)
         served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
         result = simulate(m.cell.workload(m.rate), ClusterConfig(served, 1, m.cell.policy), seed=m.cell.seed,
@@ -833,7 +839,7 @@ def overload_path_factors(directory: Path, cost: CostModel) -> dict[str, float]:
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}
     for name, m, info in runs:
-        if m.cell.clients or m.cell.load is not None or m.cell.replicas != 1 or traces.get(name) is None:
+        if not is_overload_run(m.cell) or traces.get(name) is None:
             continue
         for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
             if row["prefill_tokens"] and np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"]):
