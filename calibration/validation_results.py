@@ -14,7 +14,7 @@ VIEWS = {"server": "sim-server", "client": "sim"}  # a measured view -> the simu
 # What makes a cell, as ``splitfuse validate`` writes it; a file has scheduler and mix, and load (open loop, a share
 # of the saturation rate) or clients (closed loop), and may have the others.
 CELL = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed", "replicas",
-        "balancer")
+        "balancer", "repeat")
 REQUIRED = ("source", "scheduler", "mix")
 LATENCY_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p95",
                                                                                       "p99"))
@@ -123,8 +123,8 @@ def compare(results, reference: str = "server"):
     m = out["measured"].to_numpy(dtype=float)
     out["rel_error"] = np.where(m > 0, out["sim"].to_numpy(dtype=float) / np.where(m > 0, m, 1) - 1, np.nan)
     names = [cell_name(row) for _, row in out.iterrows()]
-    # cells of one grid that differ by their token budget or workload seed alone: named by it
-    for key, label in (("token_budget", "budget {:g}"), ("seed", "seed {:g}")):
+    # cells of one grid that differ by their token budget, workload seed or repeat alone: named by it
+    for key, label in (("token_budget", "budget {:g}"), ("seed", "seed {:g}"), ("repeat", "repeat {:g}")):
         if key in out.columns:
             shared = out.assign(_name=names).groupby(["grid", "_name"])[key].transform("nunique") > 1
             names = [f"{name} / {label.format(value)}" if several else name

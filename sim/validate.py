@@ -22,7 +22,9 @@ Writes ``validation.csv`` (one row per cell and source: cell keys, metrics), ``e
 error against each measured view, and whether the cell is within the bounds it is judged by:
 ``calibration.validation_results.BOUNDS``), ``passes.csv`` (every traced pass of every cell: features, path,
 measured and predicted seconds), ``delivery.csv`` (per request: server and client first-token and finish times)
-and ``report.html``.
+and ``report.html``. A grid run with ``--repeats`` sends each cell's requests that many times (fresh prompt tokens,
+the same lengths and arrival times) and also writes ``errors_repeats.csv``: the simulator against the mean of the
+repeats, beside the repeats' own spread (the engine against itself on the same requests).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 
 from calibration.host_spread import HostSpread, MeasuredHost
 from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
+from calibration.validation_results import CELL as CELL_KEYS
 from calibration.validation_results import VIEWS, with_bounds
 from engine.policy import PassFeatures, PolicyConfig, plan_features
 from engine.policy.options import config_flags
@@ -76,7 +79,8 @@ SPREAD_METRICS = ("throughput_rps", "ttft_mean", "ttft_p90", "tpot_mean", "tpot_
 class Cell:
     """One measured workload: prompt and output lengths of the ``mix`` (length specs, ``sim.workload``); ``load``
     is a share of the measured saturation rate (open loop, Poisson), or ``clients`` closed-loop clients.
-    ``replicas`` engines (one GPU each) behind the router's ``balancer`` serve it; one is served directly."""
+    ``replicas`` engines (one GPU each) behind the router's ``balancer`` serve it; one is served directly.
+    ``repeat`` numbers the runs of one cell's requests (``--repeats``); each sends prompts of tokens of its own."""
 
     scheduler: str
     token_budget: int
@@ -89,6 +93,7 @@ class Cell:
     seed: int = 0
     replicas: int = 1
     balancer: str = PolicyConfig().balancer
+    repeat: int = 0
 
     @property
     def arrivals(self) -> str:
@@ -103,7 +108,7 @@ class Cell:
         return {"scheduler": self.scheduler, "token_budget": self.token_budget, "mix": self.mix,
                 "arrivals": self.arrivals, "load": self.load, "clients": self.clients,
                 "num_requests": self.num_requests, "seed": self.seed, "replicas": self.replicas,
-                "balancer": self.balancer}
+                "balancer": self.balancer, "repeat": self.repeat}
 
     @property
     def policy(self) -> PolicyConfig:
@@ -287,6 +292,13 @@ class Measured:
     window: tuple[float, float]  # first send, last token (clock values)
 
 
+def cell_prompts(cell: Cell, lengths, vocab_size: int | None) -> list:
+    """Prompts of the given lengths (the seed's) of token ids of ``cell``'s own, a repeat's too: a prompt sent again
+    in a later cell would hit the engine's prefix cache, which the simulator's requests do not."""
+    return make_prompts(np.random.default_rng([cell.seed, 0xB0, zlib.crc32(repr(cell).encode())]), lengths,
+                        vocab_size)
+
+
 def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes: int, timeout: float) -> Measured:
     workload = cell.workload(rate)
     table = workload.generate(cell.seed)
@@ -294,10 +306,7 @@ def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes:
     # it, as vLLM does, so ask for what the engine would give.
     table = dataclasses.replace(table, output_tokens=np.minimum(table.output_tokens,
                                                                 server.info["max_model_len"] - table.prompt_tokens))
-    # Token ids of the cell's own (the lengths are the seed's): a prompt sent again in a later cell would hit the
-    # engine's prefix cache, which the simulator's requests do not.
-    prompts = make_prompts(np.random.default_rng([cell.seed, 0xB0, zlib.crc32(repr(cell).encode())]),
-                           table.prompt_tokens, server.info["vocab_size"])
+    prompts = cell_prompts(cell, table.prompt_tokens, server.info["vocab_size"])
     t0 = time.perf_counter() + 0.2  # the workload's time 0: every client process is up by then
     records = run_spread(server.url, server.info["model_id"], table, prompts, cell.clients, timeout, processes, t0)
     failed = [r for r in records if r.error is not None]
@@ -531,7 +540,8 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                         cell = dataclasses.replace(cell, num_requests=min(
                             cell.num_requests, max(50, int(rate * cell_seconds))))
                 progress(f"{name} {cell.balancer if cell.replicas > 1 else ''} {cell.mix} load {cell.load} "
-                         f"clients {cell.clients}: {cell.num_requests} requests")
+                         f"clients {cell.clients}{f' repeat {cell.repeat}' if cell.repeat else ''}: "
+                         f"{cell.num_requests} requests")
                 keep("cell", name, send_cell(target, cell, rate, client_processes, timeout), target.info)
 
         for name, group in groups.items():
@@ -679,13 +689,17 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     meta, cells, traces = load_measured(directory)
     processes = int(meta.get("client_processes", 1))
     rows, passes_rows, delivery_rows, spread_rows = [], [], [], []
+    simulations = {}  # a cell's repeats run the same requests: one simulation serves them all
     for name, m, info in cells:
         served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
         trace_passes, trace_requests = traces[name] or ([], None)
         first = first_requests(m.cell, processes) if exclude_first else 0
-        sim_summary, sim_server, _ = simulated(m.cell, m.rate, served, first_id=first)
-        if sim_seeds > 1:
-            spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds, sim_summary, first)
+        once = (dataclasses.replace(m.cell, repeat=0), m.rate, info["kv_total_blocks"], info["max_model_len"])
+        if once not in simulations:
+            simulations[once] = simulated(m.cell, m.rate, served, first_id=first)
+            if sim_seeds > 1:
+                spread_rows += seed_spread(m.cell, m.rate, served, sim_seeds, simulations[once][0], first)
+        sim_summary, sim_server, _ = simulations[once]
         kept = [r for r in m.records if r.id >= first]
         cell_views = views(dataclasses.replace(m, records=kept), trace_requests)
         pass_rows = cell_passes(m, trace_passes, served)
@@ -706,6 +720,10 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     errors = with_bounds(relative_errors(frame))
     frame.to_csv(out / "validation.csv", index=False)
     errors.to_csv(out / "errors.csv", index=False)
+    repeated = None
+    if (frame["repeat"] > 0).any():
+        repeated = with_bounds(repeat_errors(frame))
+        repeated.to_csv(out / "errors_repeats.csv", index=False)
     passes.to_csv(out / "passes.csv", index=False)
     delivery.to_csv(out / "delivery.csv", index=False)
     if spread_rows:
@@ -715,11 +733,9 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     from sim.validation_report import write_report
 
     write_report(out / "report.html", frame, errors, passes, delivery, report_meta)
-    return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery}
+    return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery, "repeats": repeated}
 
 
-CELL_KEYS = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed", "replicas",
-             "balancer")
 
 
 def relative_errors(frame):
@@ -735,6 +751,30 @@ def relative_errors(frame):
         measured = keyed[keyed.source == view].set_index(list(CELL_KEYS))[metrics]
         error = (sim - measured) / measured
         rows.append(error.assign(view=view).reset_index())
+    out = pd.concat(rows, ignore_index=True)
+    out["load"] = out["load"].where(out["load"] >= 0)
+    return out
+
+
+def repeat_errors(frame):
+    """The simulator's relative error against the mean of each cell's measured repeats, one row per cell and view
+    (cell keys but ``repeat``): ``repeats`` (how many ran) and, per ``SPREAD_METRICS``, ``<metric>_spread``: the
+    repeats' standard deviation over their mean, the engine against itself on the same requests. A mean of n
+    repeats has a spread of its own about ``<metric>_spread`` / sqrt(n). Every metric is averaged over the repeats
+    (a percentile too: the mean of each repeat's); the simulator ran each cell once."""
+    import pandas as pd
+
+    keys = [k for k in CELL_KEYS if k != "repeat"]
+    metrics = [c for c in frame.columns if c not in (*CELL_KEYS, "rate", "source", "requests")]
+    keyed = frame.assign(load=frame["load"].fillna(-1))  # NaN keys would not group
+    rows = []
+    for view in [v for v in VIEWS if (keyed.source == v).any()]:
+        sim = keyed[keyed.source == VIEWS[view]].groupby(keys)[metrics].first()
+        runs = keyed[keyed.source == view].groupby(keys)
+        mean = runs[metrics].mean()
+        spread = (runs[list(SPREAD_METRICS)].std() / mean[list(SPREAD_METRICS)]).add_suffix("_spread")
+        error = (sim.loc[mean.index] - mean) / mean
+        rows.append(error.assign(view=view, repeats=runs.size()).join(spread).reset_index())
     out = pd.concat(rows, ignore_index=True)
     out["load"] = out["load"].where(out["load"] >= 0)
     return out
@@ -777,14 +817,18 @@ def parse_mix(spec: str) -> tuple[str, str, str]:
 
 
 def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, replicas: int = 1,
-               balancers: tuple[str, ...] = ()) -> list[Cell]:
-    """Every scheduler x mix x (load or client count); a fleet's cells once per balancer."""
+               balancers: tuple[str, ...] = (), repeats: int = 1) -> list[Cell]:
+    """Every scheduler x mix x (load or client count); a fleet's cells once per balancer; the whole grid
+    ``repeats`` times over, a round after another (a drift of the card over the run then spreads over every cell
+    rather than landing on one cell's repeats)."""
     from engine.policy import make_balancer
 
     if not loads and not clients:
         raise ValueError("give --loads (open loop, shares of the measured saturation rate) or --clients (closed)")
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
     for balancer in balancers:
         make_balancer(balancer)
     balancers = (balancers or (PolicyConfig().balancer,)) if replicas > 1 else (PolicyConfig().balancer,)
@@ -794,7 +838,7 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
              for m in mixes for x in loads]
     cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed, **f) for s, b in schedulers for f in fleet
               for m in mixes for c in clients]
-    return cells
+    return [dataclasses.replace(cell, repeat=r) for r in range(repeats) for cell in cells]
 
 
 def is_overload_run(cell: Cell) -> bool:
@@ -882,6 +926,11 @@ def _host_labels(specs: tuple[str, ...], measured: tuple[Path, ...]) -> dict[Pat
     return labels
 
 
+def _judged(errors) -> str:
+    return ", ".join(f"{view} {int(part.in_bounds.sum())} of {len(part)}"
+                     for view, part in errors.groupby("view", sort=False))
+
+
 def _command():
     import click
 
@@ -910,6 +959,9 @@ def _command():
     @click.option("--cell-seconds", type=click.FloatRange(min=1), default=None,
                   help="Cap an open-loop cell at rate x this many seconds of requests (at least 50).")
     @click.option("--workload-seed", type=int, default=0, show_default=True, help="Seed of the workloads.")
+    @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Run the grid this many times over on the same requests (fresh prompt tokens) and also "
+                       "compare the simulator with each cell's mean (errors_repeats.csv, with the repeats' spread).")
     @click.option("--warmup", type=click.IntRange(min=0), default=64, show_default=True,
                   help="Requests of a warm-up workload before any measured one (kernels compile).")
     @click.option("--client-processes", type=click.IntRange(min=1), default=4, show_default=True)
@@ -946,9 +998,9 @@ def _command():
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
-                 num_requests, cell_seconds, workload_seed, warmup, client_processes, time_budget, out, measured,
-                 host_labels, fit_serving, record_hosts, exclude_first_requests, host_margin, host_from_overload,
-                 sim_seeds, **engine_options):
+                 num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
+                 measured, host_labels, fit_serving, record_hosts, exclude_first_requests, host_margin,
+                 host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -964,7 +1016,7 @@ def _command():
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
                 cells = make_cells(_schedulers(schedulers), mixes, _numbers(loads, "--loads"),
                                    _numbers(clients, "--clients", int), num_requests, workload_seed, replicas,
-                                   balancers)
+                                   balancers, repeats)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts)):
@@ -1034,10 +1086,11 @@ def _command():
                 (into / "host_factors.json").write_text(json.dumps(factors, indent=1) + "\n")
                 click.echo(f"{directory}: its host, served / predicted loop time: "
                            + ", ".join(f"{path} {f:.3f}" for path, f in factors.items()))
-            errors = compare(directory, host, into, sim_seeds, exclude_first_requests)["errors"]
-            judged = ", ".join(f"{view} {int(part.in_bounds.sum())} of {len(part)}"
-                               for view, part in errors.groupby("view", sort=False))
-            click.echo(f"cells within the bounds (errors.csv: in_bounds, misses): {judged}")
+            compared = compare(directory, host, into, sim_seeds, exclude_first_requests)
+            click.echo(f"cells within the bounds (errors.csv: in_bounds, misses): {_judged(compared['errors'])}")
+            if compared["repeats"] is not None:
+                click.echo(f"each cell's mean of its repeats within the bounds (errors_repeats.csv): "
+                           f"{_judged(compared['repeats'])}")
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate

@@ -3,6 +3,7 @@ pass trace), the bench client in two processes, and the simulator on a profile s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -25,6 +26,7 @@ from sim.validate import (  # noqa: E402
     Cell,
     Measured,
     cell_passes,
+    cell_prompts,
     fill_decode_max_context,
     load_measured,
     make_cells,
@@ -286,6 +288,46 @@ def test_a_run_compares_on_its_own_host_from_its_overload_passes(run, tmp_path):
                 "--host-from-overload", *extra]
         result = CliRunner().invoke(validate, args)
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_repeated_grid_runs_round_after_round_on_fresh_prompt_tokens():
+    """``--repeats 2``: the whole grid, then the whole grid again; a repeat sends the same lengths at the same
+    times, but token ids of its own (a prompt sent again would hit the engine's prefix cache)."""
+    cells = make_cells([("splitfuse", 768)], ["long", "short"], [0.5, 0.9], [], 10, 3, repeats=2)
+    assert [c.repeat for c in cells] == [0] * 4 + [1] * 4
+    assert [dataclasses.replace(c, repeat=0) for c in cells[4:]] == cells[:4]
+    lengths = np.array([5, 9, 17])
+    first, again, repeat = (cell_prompts(c, lengths, 1000) for c in (cells[0], cells[0], cells[4]))
+    assert first == again and [len(p) for p in repeat] == [5, 9, 17] and repeat != first
+    with pytest.raises(ValueError, match="--repeats"):
+        make_cells([("splitfuse", 768)], ["long"], [0.5], [], 10, 0, repeats=0)
+
+
+def test_a_repeated_grid_is_judged_on_each_cells_mean(run, tmp_path):
+    """The simulator runs a repeated cell once and is judged against the mean of its repeats
+    (``errors_repeats.csv``), beside the repeats' spread; ``errors.csv`` still judges each repeat alone."""
+    out, _ = run
+    args = ["tiny-llama", "--profile", str(out / "served.json"), "--device", "cpu", "--num-kv-blocks", "256",
+            "--mix", MIX, "--loads", "0.5", "-n", "8", "--warmup", "0", "--client-processes", "2",
+            "--saturation-from", str(out), "--repeats", "2", "--out", str(tmp_path)]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 0, result.output
+    _, cells, _ = load_measured(tmp_path)
+    assert [m.cell.repeat for _, m, _ in cells] == [0, 1]
+    (_, a, _), (_, b, _) = cells
+    assert [(r.prompt_tokens, r.max_tokens) for r in a.records] == [(r.prompt_tokens, r.max_tokens) for r in b.records]
+    assert np.allclose([r.arrival for r in a.records], [r.arrival for r in b.records], rtol=0, atol=0.05)  # as sent
+    frame = pd.read_csv(tmp_path / "validation.csv")
+    sim, client = frame[frame.source == "sim"], frame[frame.source == "client"]
+    assert len(sim) == 2 and sim.tpot_mean.nunique() == 1
+    assert len(pd.read_csv(tmp_path / "errors.csv")) == 4  # each repeat, server and client view
+    repeats = pd.read_csv(tmp_path / "errors_repeats.csv").set_index("view")
+    assert (repeats.repeats == 2).all() and "repeat" not in repeats.columns
+    mean = client.tpot_mean.mean()
+    assert repeats.loc["client", "tpot_mean"] == pytest.approx(sim.tpot_mean.iloc[0] / mean - 1)
+    assert repeats.loc["client", "tpot_mean_spread"] == pytest.approx(client.tpot_mean.std() / mean)
+    judged = ", ".join(f"{v} {int(repeats.loc[v, 'in_bounds'])} of 1" for v in ("server", "client"))
+    assert f"each cell's mean of its repeats within the bounds (errors_repeats.csv): {judged}" in result.output
 
 
 def test_each_clients_first_requests_can_be_left_out_of_both_sides(run, tmp_path):
