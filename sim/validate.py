@@ -1088,9 +1088,12 @@ def _command():
                            + ", ".join(f"{path} {f:.3f}" for path, f in factors.items()))
             compared = compare(directory, host, into, sim_seeds, exclude_first_requests)
             click.echo(f"cells within the bounds (errors.csv: in_bounds, misses): {_judged(compared['errors'])}")
-            if compared["repeats"] is not None:
+            repeats = compared["repeats"]
+            if repeats is not None:
+                client = repeats[repeats.view == "client"]
                 click.echo(f"each cell's mean of its repeats within the bounds (errors_repeats.csv): "
-                           f"{_judged(compared['repeats'])}")
+                           f"{_judged(repeats)}; the repeats' spread (client, median over cells): TPOT mean "
+                           f"{client.tpot_mean_spread.median():.1%}, TTFT mean {client.ttft_mean_spread.median():.1%}")
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate
