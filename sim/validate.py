@@ -736,8 +736,6 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery, "repeats": repeated}
 
 
-
-
 def relative_errors(frame):
     """The simulator's relative error, (sim - measured) / measured, against the server's and the client's view (each
     against the simulator's own view of it: ``VIEWS``), one row per cell and view."""
