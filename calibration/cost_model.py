@@ -140,6 +140,11 @@ class HingeModel:
         return self.predict_values(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
                                    f.decode_tokens, f.decode_max_context, f.prefill_max_context)
 
+    def attention_seconds(self, f: PassFeatures) -> float:
+        """The prompt tokens' attention over their prefixes, of ``predict(f)``: the ``prefill_attention`` term."""
+        knee = self._kp * f.prefill_max_context
+        return self._pa * (knee if knee > f.prefill_attention else f.prefill_attention)
+
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         t = design_matrix(X, self.knots, self.knees) @ np.array([self.coef[n] for n in term_names(self.knots)])
         if self.floor is not None:
@@ -206,6 +211,14 @@ class PassModel:
                                f.prefill_max_context)
         return self._eager(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
                            f.decode_tokens, f.decode_max_context, f.prefill_max_context)
+
+    def attention_seconds(self, f: PassFeatures) -> float:
+        """The prompt tokens' attention over their prefixes, of ``predict(f)`` (``HingeModel.attention_seconds`` of
+        the path's model; 0 for decode steps)."""
+        path = self.path(f)
+        if path == "decode-graph":
+            return 0.0
+        return (self.mixed if path == "mixed-graph" else self.eager).attention_seconds(f)
 
     def predict_array(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
         graph, mixed = path_masks(X, self.graph_max_batch, self._buckets)

@@ -4,8 +4,9 @@ what the serving loop adds to each pass (``calibration.serving``), (from version
 (``calibration.energy``), (from version 6) a decode table in the cost model (``calibration.decode_table``), (from
 version 7) knees in its attention terms, (from version 8) the card's heat in the serving section, (from version
 9) a knee in its loop, (from version 10) a scale of its own for eager passes of prompts alone, (from version 11)
-how the card's measured hosts differ from it (``calibration.host_spread``) and (from version 12) a scale of its own
-for graph passes of prompts alone. All are optional, and files of versions 2 to 11 still load.
+how the card's measured hosts differ from it (``calibration.host_spread``), (from version 12) a scale of its own
+for graph passes of prompts alone and (from version 13) a scale of the served prompt attention. All are optional,
+and files of versions 2 to 12 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -43,8 +44,8 @@ FORMAT = "splitfuse-profile"
 # (``calibration.host_spread``); 12: graph passes of prompts alone may have a scale of their own ("mixed-prefill").
 # Versions 2-11 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale).
-VERSION = 12
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+VERSION = 13
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -83,8 +84,17 @@ class Profile:
         timed it, or, where the profile has its serving section, as the server runs it, with the serving loop's
         work until the next step, on a card of that ``heat`` (``new_heat``)."""
         serving = self.serving
-        return (serving.scale(self.scale_path(f), heat) * self.model.predict(f) + serving.loop_seconds(f.num_samples)
-                + serving.spread_seconds(f))
+        path = self.scale_path(f)
+        step = self.model.predict(f)
+        attention = serving.attention_scale[path]
+        if attention:
+            step += attention * self.model.attention_seconds(f)
+        return serving.scale(path, heat) * step + serving.loop_seconds(f.num_samples) + serving.spread_seconds(f)
+
+    def attention_seconds(self, f: PassFeatures) -> float:
+        """The swept price of the prompt tokens' attention over their prefixes in a pass with features ``f``
+        (``PassModel.attention_seconds``), which the serving section's ``attention_scale`` grows."""
+        return self.model.attention_seconds(f)
 
     def scale_path(self, f: PassFeatures) -> str:
         """The serving section's path of a pass with features ``f`` (``calibration.serving.scale_path``)."""

@@ -32,7 +32,12 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   ``heat_tau_s`` or so the engine spent in passes with prompt tokens. Such passes draw the card to its power limit,
   where it lowers its clock, and every pass then runs slower; the sweep times each pass alone, at the clock its own
   repeats leave. Served passes replayed alone on the same card (``benchmarks/served_replay_gpu.py``) run 9% faster
-  where they had followed prompt chunks, and as fast where they had not.
+  where they had followed prompt chunks, and as fast where they had not;
+- prompt tokens' attention over their prefixes (from profile version 13): ``attention_scale``, per path, the share
+  by which served passes exceed the sweep's price of that attention (``PassModel.attention_seconds``). A path's
+  served step is ``scale x (swept step + attention_scale x swept attention)``. Served, a chunk on a deep prefix runs
+  further over its swept price than a prompt alone: on every llama-2-7b H200 host, served / swept grew by 0.18-0.39
+  with attention's share of the step (``calibration/VALIDATION.md``, twenty-fourth round). Older sections have none.
 """
 
 from __future__ import annotations
@@ -120,14 +125,16 @@ def _quantiles(name: str, values: Sequence[float]) -> np.ndarray:
 class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
-    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "fit", "_delivery_base")
+    __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
+                 "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
                  path_scale: Mapping[str, float] | None = None, fit: Mapping | None = None,
                  delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0,
                  heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S,
-                 loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0) -> None:
+                 loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
+                 attention_scale: Mapping[str, float] | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -154,6 +161,11 @@ class ServingModel:
             if alone not in heat and base in heat:
                 heat[alone] = heat[base]
         self.heat_scale = {p: _check(f"heat_scale[{p}]", heat.get(p, 0.0)) for p in PATHS}
+        attention = dict(attention_scale or {})
+        unknown = [p for p in attention if p not in PATHS]
+        if unknown:
+            raise ValueError(f"serving attention_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
+        self.attention_scale = {p: _check(f"attention_scale[{p}]", attention.get(p, 0.0)) for p in PATHS}
         self.fit = dict(fit or {})
 
     @property
@@ -191,15 +203,16 @@ class ServingModel:
     def to_dict(self) -> dict:
         return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
-                "heat_scale": self.heat_scale, "fit": self.fit}
+                "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
-        before 9 no knee in the loop (one line)."""
+        before 9 no knee in the loop (one line), before 13 no attention scale."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
-        unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "fit")]
+        unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
+                                             "attention_scale", "fit")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
@@ -267,13 +280,16 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens",
-                                           "heat", "host"])
+                                           "heat", "host", "attention_s"])
     passes["spread_tokens"] = passes["spread_tokens"].fillna(0.0)
+    passes["attention_s"] = passes["attention_s"].fillna(0.0)
     passes["heat"] = passes["heat"].fillna(0.0)
     passes["host"] = passes["host"].astype(object).fillna("")  # rows without a host: one host
     several_hosts = passes["host"].nunique() > 1
     requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples", "light"])
     light = requests.pop("light").eq(True).to_numpy()
+    attention_scale = _attention_scales(passes, min_count)
+    passes["model_s"] = passes["model_s"] + passes["path"].map(attention_scale).fillna(0.0) * passes["attention_s"]
     scale, heat_scale, scale_fit = _path_scales(passes, min_count, several_hosts)
     spread_s, spread_fit = _spread(passes, scale, heat_scale, min_count)
     busy = _finite_rows(passes, "num_samples", "serving_s")
@@ -301,7 +317,7 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                         "samples_range": delivery_fit["x_range"]},
            **(source or {})}
     return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
-                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S, knee, above)
+                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S, knee, above, attention_scale)
 
 
 LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans
@@ -351,6 +367,29 @@ def _loop_line(passes, several_hosts: bool) -> tuple[float, float, float, float,
 
 
 MIN_HEAT_RANGE = 0.2  # a path's passes must span this much heat (p10 to p90) to fit its growth with it
+MIN_ATTENTION_RANGE = 0.05  # nor its attention growth under this span of attention's share of the step (p10 to p90)
+
+
+def _attention_scales(passes, min_count: int) -> dict[str, float]:
+    """{path: attention_scale} where hosts show it: each host with ``min_count`` finite passes of the path spanning
+    ``MIN_ATTENTION_RANGE`` of attention's share of the swept step fits served / swept = a + b x heat + c x share by
+    least squares, and its scale is c / a (what the attention costs served beyond the sweep's price, as a share of
+    that price); the path's, the median over those hosts, at least 0. Paths no host shows are left out."""
+    ratio, share = passes["pass_s"] / passes["model_s"], passes["attention_s"] / passes["model_s"]
+    rows = _finite_rows(passes.assign(ratio=ratio, share=share), "ratio", "share", "heat")
+    scales = {}
+    for path, part in rows[rows["share"] > 0].groupby("path"):
+        fits = []
+        for _, host in part.groupby("host"):
+            x = host["share"].to_numpy()
+            if len(host) < min_count or np.percentile(x, 90) - np.percentile(x, 10) < MIN_ATTENTION_RANGE:
+                continue
+            A = np.column_stack([np.ones_like(x), host["heat"].to_numpy(), x])
+            a, _, c = np.linalg.lstsq(A, host["ratio"].to_numpy(), rcond=None)[0]
+            fits.append(c / a)
+        if fits:
+            scales[path] = max(0.0, float(np.median(fits)))
+    return scales
 
 
 def _path_scales(passes, min_count: int, several_hosts: bool) -> tuple[dict, dict, dict]:

@@ -130,6 +130,7 @@ class ServedCost:
         self.block_size, self.meta = cost.block_size, cost.meta
         self.predict, self.noise_factors = cost.predict, cost.noise_factors
         self.admission_seconds, self.delivery_seconds = cost.admission_seconds, cost.delivery_seconds
+        self.attention_seconds = getattr(cost, "attention_seconds", None)
 
     def new_heat(self):
         return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None
@@ -378,11 +379,13 @@ def views(measured: Measured, trace_requests: dict[str, dict] | None) -> dict[st
 
 def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -> list[dict]:
     """The traced passes of each engine (``replica``) inside the cell's window, each with the profile's prediction
-    (``predicted_s``). ``pass_s`` spans what a profile's sweep times (schedule, run, sample, update); ``loop_s``
-    runs until the next step began, the serving loop's own work (outputs, sending, commands) included, and
-    ``serving_s`` is that work alone: both only where the next step began at once (else NaN: the engine went
-    idle). ``heat``: the card's heat when the pass began (``calibration.serving.prefill_heats`` over the engine's
-    whole trace, with the cost's own time constant where it has a heat), which the prediction takes.
+    (``predicted_s``) and the swept price of its prompt attention (``attention_s``,
+    ``Profile.attention_seconds``; NaN for costs without one). ``pass_s`` spans what a profile's sweep times
+    (schedule, run, sample, update); ``loop_s`` runs until the next step began, the serving loop's own work
+    (outputs, sending, commands) included, and ``serving_s`` is that work alone: both only where the next step began
+    at once (else NaN: the engine went idle). ``heat``: the card's heat when the pass began
+    (``calibration.serving.prefill_heats`` over the engine's whole trace, with the cost's own time constant where it
+    has a heat), which the prediction takes.
 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
@@ -390,18 +393,22 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     lo, hi = measured.window
     rows = []
     card = cost.new_heat() if hasattr(cost, "new_heat") else None
+    attention = getattr(cost, "attention_seconds", None)
     for replica, engine_passes in enumerate(passes):
         heats = prefill_heats(engine_passes, card.tau_s if card is not None else HEAT_TAU_S)
-        run_start, run_predicted, run_passes = None, 0.0, 0  # the passes since the last that waited for the GPU
+        # the passes since the last that waited for the GPU
+        run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
         for i, p in enumerate(engine_passes):
             features = PassFeatures.from_mapping(p)
             predicted = cost.predict(features) if card is None else cost.predict(features, heats[i])
+            attention_s = attention(features) if attention else float("nan")
             following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
             busy = following is not None and following - p["sent"] < 1e-3
             unsynced = p["num_samples"] == 0 and busy
             start = p["start"] if run_start is None else run_start
             if unsynced:
                 run_start, run_predicted, run_passes = start, run_predicted + predicted, run_passes + 1
+                run_attention += attention_s
             if lo <= p["start"] <= hi:
                 rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
                              "num_outputs": p["num_outputs"], **features._asdict(), "heat": heats[i],
@@ -409,9 +416,10 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
                              "pass_s": float("nan") if unsynced else p["updated"] - start,
                              "loop_s": following - start if busy and not unsynced else float("nan"),
                              "serving_s": following - p["updated"] if busy else float("nan"),
-                             "predicted_s": float("nan") if unsynced else predicted + run_predicted})
+                             "predicted_s": float("nan") if unsynced else predicted + run_predicted,
+                             "attention_s": float("nan") if unsynced else attention_s + run_attention})
             if not unsynced:
-                run_start, run_predicted, run_passes = None, 0.0, 0
+                run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
     return rows
 
 
@@ -650,7 +658,7 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
-                           "heat": p["heat"],
+                           "heat": p["heat"], "attention_s": p["attention_s"],
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["prefill_tokens"],
                                                                  p["decode_context"], p["decode_max_context"])})
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start

@@ -328,3 +328,52 @@ def test_one_host_fits_as_passes_without_hosts_do():
     requests = synthetic()[1]
     one_host = {**passes, "host": ["h"] * len(passes["pass_s"])}
     assert fit_serving(one_host, requests).to_dict() == fit_serving(passes, requests).to_dict()
+
+
+def test_a_paths_scale_grows_with_its_passes_share_of_prompt_attention():
+    """Two hosts (one 3% slower) whose served steps are 0.9 x (1 + 0.1 x heat) x (swept + 0.3 x swept attention):
+    the fit finds the attention scale 0.3 and the level and heat of what is left; passes that span too little of
+    attention's share, or carry none, leave the path without one."""
+    rng = np.random.default_rng(5)
+    hosts = []
+    for host, speed in (("a", 1.0), ("b", 1.03)):
+        passes, requests = synthetic(3000, seed=len(hosts))
+        n = len(passes["model_s"])
+        share, heat = rng.uniform(0.0, 0.3, n), rng.uniform(0, 1, n)
+        attention = share * passes["model_s"]
+        pass_s = speed * 0.9 * (1 + 0.1 * heat) * (passes["model_s"] + 0.3 * attention) * rng.normal(1, 0.005, n)
+        hosts.append({**passes, "path": ["mixed-graph"] * n, "heat": heat, "attention_s": attention,
+                      "pass_s": pass_s, "host": [host] * n})
+    s = fit_serving(joined(*hosts), requests)
+    assert s.attention_scale["mixed-graph"] == pytest.approx(0.3, abs=0.02)
+    assert s.path_scale["mixed-graph"] == pytest.approx(0.9 * 1.015, abs=0.01)
+    assert s.heat_scale["mixed-graph"] == pytest.approx(0.09 * 1.015, abs=0.01)
+    narrow = joined(*[{**h, "attention_s": 0.1 * h["model_s"]} for h in hosts])
+    assert fit_serving(narrow, requests).attention_scale["mixed-graph"] == 0.0
+    back = ServingModel.from_dict(s.to_dict())
+    assert back.attention_scale == s.attention_scale
+    older = ServingModel.from_dict({k: v for k, v in s.to_dict().items() if k != "attention_scale"})  # < v13
+    assert set(older.attention_scale.values()) == {0.0}
+    with pytest.raises(ValueError, match="attention_scale"):
+        ServingModel.from_dict({**s.to_dict(), "attention_scale": {"graph": 0.1}})
+
+
+def test_a_chunk_on_a_deep_prefix_is_priced_with_its_attention_grown():
+    """Served, a pass costs scale x (swept + attention_scale x its swept prefix attention): a chunk on a deep prefix
+    grows by more than a prompt alone of the same tokens, and a decode step not at all."""
+    profile = load_profile("llama-2-7b-h200")
+    section = profile.serving.to_dict()
+    grown = profile.with_serving(ServingModel.from_dict(
+        {**section, "attention_scale": {"mixed-graph": 0.3, "mixed-prefill": 0.3}}))
+    flat = profile.with_serving(ServingModel.from_dict({**section, "attention_scale": {}}))
+    deep = plan_features(BatchPlan(num_new_tokens=[1, 512], start_positions=[300, 3000], samples=[True, False],
+                                   num_decodes=1, num_prefill_tokens=512))
+    alone = plan_features(BatchPlan(num_new_tokens=[1, 512], start_positions=[300, 0], samples=[True, True],
+                                    num_decodes=1, num_prefill_tokens=512))
+    decode = plan_features(BatchPlan(num_new_tokens=[1, 1], start_positions=[300, 900], samples=[True, True],
+                                     num_decodes=2))
+    for f in (deep, alone):
+        assert grown.predict(f, 0.5) - flat.predict(f, 0.5) == pytest.approx(
+            0.3 * flat.serving.scale("mixed-graph", 0.5) * profile.attention_seconds(f))
+    assert profile.attention_seconds(deep) > 3 * profile.attention_seconds(alone) > 0
+    assert profile.attention_seconds(decode) == 0 and grown.predict(decode) == flat.predict(decode)
