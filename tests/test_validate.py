@@ -113,7 +113,7 @@ def test_the_client_sees_each_token_after_the_pass_that_made_it(run):
     assert (delivery.client_first_token - delivery.server_first_token).median() < 0.5  # seconds, on one host
 
 
-def test_passes_are_traced_with_predictions(run):
+def test_passes_are_traced_with_predictions(run, cpu_profile):
     out, _ = run
     passes = pd.read_csv(out / "passes.csv")
     assert len(passes) > 10 and set(passes.path) == {"eager"}  # no CUDA graphs on the CPU
@@ -122,6 +122,11 @@ def test_passes_are_traced_with_predictions(run):
     assert len(busy) and (busy.loop_s >= busy.pass_s).all() and (busy.serving_s > 0).all()
     # every token of the 20 measured requests (5 each) came from a traced pass's sampled entries
     assert passes.num_samples.sum() >= 20 * 5
+    # each pass's swept price of its prompt attention (what a serving attention scale grows): 0 without prompts
+    profile = load_profile(str(cpu_profile))
+    features = [PassFeatures(**{k: row[k] for k in PassFeatures._fields}) for _, row in passes.iterrows()]
+    assert passes.attention_s.tolist() == pytest.approx([profile.attention_seconds(f) for f in features])
+    assert (passes[passes.prefill_tokens == 0].attention_s == 0).all()
 
 
 def test_each_traced_pass_has_the_shape_that_runs_it_again(run):
