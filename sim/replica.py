@@ -14,7 +14,7 @@ import math
 import numpy as np
 import simpy
 
-from engine.policy import PolicyConfig, Request, make_scheduler, plan_features
+from engine.policy import PassFeatures, PolicyConfig, Request, make_scheduler, plan_features
 from sim.costs import CostModel
 
 KV_SERIES_POINTS = 4096  # the KV-use series is thinned by 2 whenever it reaches twice this size
@@ -97,6 +97,8 @@ class Replica:
             # the cost model's median, times a noise factor drawn from the profile's measured spread
             features = plan_features(plan)
             seconds = predict(features) if heat is None else predict(features, heat.at(now))
+            if seconds < 0:
+                raise ValueError(negative_pass_message(self.index, seconds, features))
             if self.noise:
                 factors = factors or self._noise_factors()
                 seconds *= factors.pop()
@@ -140,6 +142,13 @@ class Replica:
                 "decode_context": self.decode_context, "prefill_attention": self.prefill_attention,
                 "tokens_per_pass": self.tokens_per_pass, "kv_times": self.kv_times, "kv_usage": self.kv_usage,
                 "kv_blocks": s.num_blocks}
+
+
+def negative_pass_message(replica: int, seconds: float, f: PassFeatures) -> str:
+    """Why a simulation stops where its cost model prices a pass below zero: a fit taken past the passes it saw."""
+    return (f"replica {replica}: the cost model prices a pass of {f.num_tokens} tokens ({f.prefill_tokens} of "
+            f"{f.prefill_seqs} prompts, {f.decode_tokens} decodes) at {seconds:.3g} s; a profile's fit goes negative "
+            "outside the passes it was swept on: sweep passes like this one (calibration.plans) and fit again")
 
 
 def _delay_to(env: simpy.Environment, t: float) -> float:

@@ -69,6 +69,15 @@ def test_prompt_longer_than_the_kv_cache_names_the_row():
         simulate(w, ClusterConfig(COST, replicas=1), seed=0)
 
 
+def test_a_pass_priced_below_zero_stops_the_run_naming_the_pass():
+    """A fit taken past the passes it was swept on can go negative there: SimPy would say only 'Negative delay'."""
+    cost = LinearCost(base=0.01, per_token=-1e-4, num_kv_blocks=100, max_model_len=4096)
+    w = Workload(num_requests=5, rate=1.0, prompt=LengthDist("fixed", (300,)), output=LengthDist("fixed", (2,)))
+    with pytest.raises(ValueError, match=r"replica 0: .* a pass of 300 tokens \(300 of 1 prompts, 0 decodes\) at "
+                                         r"-0.02 s; .*sweep passes like this one"):
+        simulate(w, ClusterConfig(cost, replicas=1), seed=0)
+
+
 def test_unknown_profile_lists_the_shipped_ones():
     result = CliRunner().invoke(simulate_cli, ["--profile", "gpt-9-on-a-toaster"])
     assert result.exit_code == 2
