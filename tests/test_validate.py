@@ -50,6 +50,12 @@ SPECS += [plans.PassSpec("mixed", decode_contexts=(30,) * b, chunks=((0, n, 0),)
 # passes of several prompts, as the cells run them: without them the fit may extrapolate to negative times there
 SPECS += [plans.PassSpec("prefill", chunks=tuple((0, n, 0) for n in ns)) for ns in ((10, 30), (25, 8, 17), (40, 36))]
 SPECS += [plans.PassSpec("mixed", decode_contexts=(20,) * b, chunks=((0, 12, 0), (0, 20, 0))) for b in (1, 3)]
+# and the overload run's, which fill the 768-token budget with tens of prompts, decodes beside them, and a prompt of
+# the whole context, which loading the profile prices (``calibration.profile``)
+SPECS += [plans.PassSpec("prefill", chunks=((0, n, 0),)) for n in (300, 600, 1000)]
+SPECS += [plans.PassSpec("prefill", chunks=((0, 24, 0),) * k) for k in (10, 20, 32)]
+SPECS += [plans.PassSpec("mixed", decode_contexts=(30,) * b, chunks=((0, 26, 0),) * k) for b, k in ((10, 10), (21, 20),
+                                                                                                  (24, 28))]
 
 
 @pytest.fixture(scope="module")
