@@ -82,15 +82,35 @@ def test_every_shipped_point_is_priced_with_the_serving_section():
 @pytest.mark.parametrize("name", ["llama-2-7b-h200", "llama-2-7b-h100", "llama-2-13b-h200", "llama-3-8b-h200",
                                   "mistral-7b-h200"])
 def test_a_shipped_profile_is_what_its_points_fit_to(tmp_path, name):
-    """``splitfuse profile --refit`` gives the shipped file back: its model, split and held-out figures come from
-    its points under this code, and its serving and energy sections are kept."""
+    """``splitfuse profile --refit`` gives the shipped file back: its points, split and every other section as they
+    are, and a model that is its points' fit under this code. The model is compared by what it predicts, path by
+    path: BLAS kernels round differently on different CPUs, and the floors' non-smooth least squares can then settle
+    elsewhere on a few passes (``calibration/README.md``), so bit-for-bit equality holds only on the fitting machine.
+    A change to the fit moves a path's typical pass, which this catches."""
+    import numpy as np
+
     from calibration.cli import profile as profile_cmd
+    from calibration.profile import point_features
 
     shipped = resolve(name)
     out = tmp_path / "refit.json"
     result = CliRunner().invoke(profile_cmd, ["--refit", str(shipped), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text()) == json.loads(shipped.read_text())
+    refit, original = json.loads(out.read_text()), json.loads(shipped.read_text())
+    assert refit.keys() == original.keys()
+    for key in original.keys() - {"cost_model", "fit"}:
+        assert refit[key] == original[key], key
+    for key in ("target", "heldout_frac", "seed"):
+        assert refit["fit"][key] == original["fit"][key], key
+    for stat in ("median_abs_rel_err", "p95_abs_rel_err"):
+        assert refit["fit"]["heldout"][stat] == pytest.approx(original["fit"]["heldout"][stat], abs=1e-3), stat
+    new, old = load_profile(out), load_profile(shipped)
+    features = [point_features(p) for p in old.points]
+    paths = np.array([old.model.path(f) for f in features])
+    change = np.abs(np.array([new.model.predict(f) / old.model.predict(f) for f in features]) - 1.0)
+    for path in np.unique(paths):
+        moved = change[paths == path]
+        assert np.median(moved) <= 1e-3 and np.percentile(moved, 95) <= 1e-2, (path, np.median(moved), moved.max())
     result = CliRunner().invoke(profile_cmd, ["--refit", str(shipped), "--model", "tiny-llama", "--out", str(out)])
     assert result.exit_code == 2 and "--refit takes only a profile" in result.output
 
