@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Validation grids on the GPU in one time-boxed device call: one `splitfuse validate` per GPU, side by side, each
+# with the whole card. Packs the runs (raw client records and pass traces, for `validate --from`) and the machine's
+# facts (GPUs, software, clock and power sampled each second, each grid's log) under $OUT.
+# usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1=... G2=... G3=...] calibration/device_validate.sh
+#   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"
+# env: MIXES (default "long short"), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
+#   EXTRA (more validate options, e.g. "--repeats 2"), NEED (a card name the GPUs must match, e.g. H200),
+#   COMMIT (recorded in each run's meta.json). Wheels in .whl/ (packages the machine lacks) are installed first.
+set -uo pipefail
+out=${OUT:-/tmp/out}
+work=$(mktemp -d)
+mkdir -p "$out" "$work/meta" "$work/runs"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" \
+        .whl/*.whl || exit 3
+    export PYTHONPATH=$work/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 SPLITFUSE_GIT_COMMIT=${COMMIT:-$(git rev-parse --short HEAD)}
+nvidia-smi --query-gpu=index,name,uuid,memory.total,clocks.max.sm,power.limit --format=csv | tee "$work/meta/gpus.csv"
+if [ -n "${NEED:-}" ] && ! grep -q "$NEED" "$work/meta/gpus.csv"; then echo "no $NEED here"; exit 4; fi
+python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, \
+triton.__version__, transformers.__version__)" | tee "$work/meta/software.txt"
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 1000 \
+    > "$work/meta/clocks.csv" &
+sampler=$!
+mixes=()
+for mix in ${MIXES:-long short}; do mixes+=(--mix "$mix"); done
+pids=()
+for gpu in 0 1 2 3; do
+    spec_name=G$gpu
+    spec=${!spec_name:-}
+    [ -z "$spec" ] && continue
+    read -r model profile scheduler seed loads requests cell_s <<<"$spec"
+    # shellcheck disable=SC2086  # EXTRA holds several options
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
+        "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" --loads "$loads" -n "$requests" \
+        --cell-seconds "$cell_s" --workload-seed "$seed" --time-budget "${TB:-450}" --out "$work/runs/g$gpu" \
+        ${EXTRA:-} >"$work/meta/g$gpu.log" 2>&1 &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; echo "grid $pid exited $?"; done
+kill "$sampler"
+for log in "$work"/meta/g*.log; do echo "== $log"; tail -n 15 "$log"; done
+# the device returns files of at most 16 MiB: the runs travel as parts (cat runs.txz.part* | xz -d | tar x)
+tar cf - -C "$work" runs | xz -T0 -6 | split -b 15M - "$out/runs.txz.part"
+tar czf "$out/meta.tgz" -C "$work" meta
+ls -l "$out"
