@@ -8,6 +8,16 @@
 #   EXTRA (more validate options, e.g. "--repeats 2"), NEED (a card name the GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json). Wheels in .whl/ (packages the machine lacks) are installed first.
 set -uo pipefail
+usage='usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1..G3=...] calibration/device_validate.sh'
+specs=0
+for gpu in 0 1 2 3; do
+    spec_name=G$gpu
+    [ -z "${!spec_name:-}" ] && continue
+    read -r -a fields <<<"${!spec_name}"
+    [ "${#fields[@]}" -eq 7 ] || { echo "G$gpu has ${#fields[@]} fields, not 7; $usage" >&2; exit 2; }
+    specs=$((specs + 1))
+done
+[ "$specs" -gt 0 ] || { echo "no grid given; $usage" >&2; exit 2; }
 out=${OUT:-/tmp/out}
 work=$(mktemp -d)
 mkdir -p "$out" "$work/meta" "$work/runs"
