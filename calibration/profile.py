@@ -42,11 +42,13 @@ FORMAT = "splitfuse-profile"
 # work may grow faster per sampled entry past a knee; 10: eager passes of prompts alone may have a scale of their
 # own ("eager-prefill"); 11: an optional "hosts" section, the measured hosts' capacity against this profile
 # (``calibration.host_spread``); 12: graph passes of prompts alone may have a scale of their own ("mixed-prefill");
-# 13: the serving section's paths may grow their prompt attention ("attention_scale").
-# Versions 2-12 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
-# known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale).
-VERSION = 13
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+# 13: the serving section's paths may grow their prompt attention ("attention_scale"); 14: passes with prompt
+# tokens may pay for their decodes' spread of contexts (the serving section's "mixed_spread_s").
+# Versions 2-13 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
+# known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
+# spread charged beside prompt tokens).
+VERSION = 14
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 

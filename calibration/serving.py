@@ -18,11 +18,14 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   quantiles. The distribution comes from requests sent to a lightly loaded server (the warm-up's closed-loop
   clients, ``light``): under a flood of three times the saturation rate the API process's backlog doubles the mean,
   a state no load below saturation reaches, where a few milliseconds matter to TTFT;
-- decode steps over contexts of very different lengths: ``decode_spread_s`` x ``decode_spread_tokens``, the
-  tokens by which the longest context exceeds twice the mean. A decode batch's attention runs a program per sequence
-  and KV head without splitting long contexts, so the step waits on its longest one; the sweep's decode batches all
-  share one context and cannot show it. Fitted on the decode-only passes that have such a spread (heavy-tailed
-  length mixes), by least squares on what the path's scale leaves; 0 where the runs have none;
+- decodes over contexts of very different lengths: ``decode_spread_s`` x ``decode_spread_tokens``, the tokens by
+  which the longest context exceeds twice the mean, in decode steps, and ``mixed_spread_s`` x the same in passes
+  that also hold prompt tokens (from profile version 14; older sections charge those nothing). The decodes'
+  attention runs a program per sequence and KV head without splitting long contexts, so it waits on its longest
+  one; the sweep's decode batches all share one context and cannot show it. Beside a chunk's attention launch the
+  wait is partly hidden, and the price per token is its own. Each is fitted on the passes of its kind that have such
+  a spread (heavy-tailed length mixes), by least squares on what the path's scale leaves; 0 where the runs have
+  none;
 - delivery, from the end of the pass that made a token until the client has it (the pipe, detokenizing, the
   stream): ``delivery_q`` (its median alone: a fresh draw per pass would add gaps between one stream's tokens that
   they do not have) plus ``delivery_per_sample_s`` x the pass's sampled entries, since the API process detokenizes
@@ -51,7 +54,7 @@ PATHS = ("decode-graph", "mixed-graph", "eager", "eager-prefill", "mixed-prefill
 # A path priced apart from a later profile version, and the path whose scale (and heat) priced it before.
 PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
-           "heat_tau_s", "loop_knee", "per_sample_above_knee_s")
+           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
 # Below twice the mean, the longest decode context costs nothing the sum of contexts does not already price: on a
@@ -69,11 +72,10 @@ def scale_path(path: str, decode_tokens: int) -> str:
     return {base: alone for alone, base in PREFILL_PATHS.items()}.get(path, path)
 
 
-def decode_spread_tokens(decode_tokens: int, prefill_tokens: int, decode_context: int,
-                         decode_max_context: int) -> float:
-    """Tokens by which a decode-only pass's longest context exceeds ``SPREAD_KNEE`` times the mean; 0 for a pass
-    with prompt tokens, and for one whose longest context is not known (``decode_max_context`` 0)."""
-    if not decode_tokens or prefill_tokens:
+def decode_spread_tokens(decode_tokens: int, decode_context: int, decode_max_context: int) -> float:
+    """Tokens by which a pass's longest decode context exceeds ``SPREAD_KNEE`` times the mean; 0 for a pass without
+    decodes, and for one whose longest context is not known (``decode_max_context`` 0)."""
+    if not decode_tokens:
         return 0.0
     return max(0.0, decode_max_context - SPREAD_KNEE * decode_context / decode_tokens)
 
@@ -134,7 +136,7 @@ class ServingModel:
                  delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0,
                  heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S,
                  loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
-                 attention_scale: Mapping[str, float] | None = None) -> None:
+                 attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -142,6 +144,7 @@ class ServingModel:
         self.admission_per_token_s = _check("admission_per_token_s", admission_per_token_s)
         self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
         self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
+        self.mixed_spread_s = _check("mixed_spread_s", mixed_spread_s)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
@@ -183,12 +186,12 @@ class ServingModel:
                 + self.per_sample_above_knee_s * max(0.0, num_samples - self.loop_knee))
 
     def spread_seconds(self, f) -> float:
-        """What a decode-only pass with features ``f`` takes beyond the path's scaled prediction, for the spread of
-        its contexts."""
-        if not self.decode_spread_s:
+        """What a pass with features ``f`` takes beyond the path's scaled prediction, for the spread of its decodes'
+        contexts."""
+        per_token = self.mixed_spread_s if f.prefill_tokens else self.decode_spread_s
+        if not per_token:
             return 0.0
-        return self.decode_spread_s * decode_spread_tokens(f.decode_tokens, f.prefill_tokens, f.decode_context,
-                                                           f.decode_max_context)
+        return per_token * decode_spread_tokens(f.decode_tokens, f.decode_context, f.decode_max_context)
 
     def admission_seconds(self, prompt_tokens: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
         """From the client's send until the engine process has the request, for each prompt length and uniform
@@ -208,7 +211,8 @@ class ServingModel:
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
-        before 9 no knee in the loop (one line), before 13 no attention scale."""
+        before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
+        prompt tokens."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
@@ -265,23 +269,25 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     """A ``ServingModel`` from served measurements. ``passes``: rows (mappings or a DataFrame) with ``path``,
     ``pass_s`` (the served step), ``model_s`` (the profile's prediction of it), ``num_samples``, ``serving_s``
     (the loop's work before the next step; NaN where the engine then idled) and optionally ``spread_tokens``
-    (``decode_spread_tokens``; 0 where missing) and ``heat`` (``prefill_heats`` with ``HEAT_TAU_S``; where missing, or
-    where a path's passes span too little of it, the path's scale is a constant). ``requests``: rows with
-    ``prompt_tokens``, ``admission_s``, ``delivery_s`` and ``num_samples`` (sampled entries of the pass that made the
-    delivered token), and optionally ``light`` (sent to a lightly loaded server; NaN delivery). Admission's growth
+    (``decode_spread_tokens``; 0 where missing), ``prefill_tokens`` (0 where missing: a decode step) and ``heat``
+    (``prefill_heats`` with ``HEAT_TAU_S``; where missing, or where a path's passes span too little of it, the path's
+    scale is a constant). ``requests``: rows with ``prompt_tokens``, ``admission_s``, ``delivery_s`` and
+    ``num_samples`` (sampled entries of the pass that made the delivered token), and optionally ``light`` (sent to a
+    lightly loaded server; NaN delivery). Admission's growth
     with prompt length (from the other rows, an open-loop flood's), and delivery's with the pass's sampled entries,
     are lines through the medians of ten bins (robust to the tail); what is left of admission is kept as its
     measured distribution, from the light rows where there are ``min_count`` of them, and of delivery the
     intercept.
 
     Passes may carry a ``host``: where they name several, each host weighs as one, however many passes it ran, in
-    each path's scale and heat growth (``_path_scales``) and in the loop (``_host_medians``). The spread, admission
+    each path's scale and heat growth (``_path_scales``) and in the loop (``_host_medians``). The spreads, admission
     and delivery stay pooled by pass: small terms and measured distributions."""
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "serving_s", "spread_tokens",
-                                           "heat", "host", "attention_s"])
+                                           "heat", "host", "attention_s", "prefill_tokens"])
     passes["spread_tokens"] = passes["spread_tokens"].fillna(0.0)
+    passes["prefill_tokens"] = passes["prefill_tokens"].fillna(0)
     passes["attention_s"] = passes["attention_s"].fillna(0.0)
     passes["heat"] = passes["heat"].fillna(0.0)
     passes["host"] = passes["host"].astype(object).fillna("")  # rows without a host: one host
@@ -291,7 +297,9 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     attention_scale = _attention_scales(passes, min_count)
     passes["model_s"] = passes["model_s"] + passes["path"].map(attention_scale).fillna(0.0) * passes["attention_s"]
     scale, heat_scale, scale_fit = _path_scales(passes, min_count, several_hosts)
-    spread_s, spread_fit = _spread(passes, scale, heat_scale, min_count)
+    decodes_only = passes["prefill_tokens"] == 0
+    spread_s, spread_fit = _spread(passes[decodes_only], scale, heat_scale, min_count)
+    mixed_spread_s, mixed_spread_fit = _spread(passes[~decodes_only], scale, heat_scale, min_count)
     busy = _finite_rows(passes, "num_samples", "serving_s")
     prompts, admission = _finite(requests["prompt_tokens"][~light], requests["admission_s"][~light])
     light_prompts, light_admission = _finite(requests["prompt_tokens"][light], requests["admission_s"][light])
@@ -308,7 +316,7 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
         flood, prompts, admission = admission, light_prompts, light_admission
     left = admission - per_token * prompts
     delivery_base, delivery_per_sample, delivery_fit = _line(*_bin_medians(sampled, delivery), "delivery")
-    fit = {"path_scale": scale_fit, "decode_spread": spread_fit, "loop": loop_fit,
+    fit = {"path_scale": scale_fit, "decode_spread": spread_fit, "mixed_spread": mixed_spread_fit, "loop": loop_fit,
            "admission": {"n": int(len(admission)), "source": admitted_by, "p50_s": float(np.median(admission)),
                          "mean_s": float(admission.mean()), "p90_s": float(np.percentile(admission, 90)),
                          **({"overload_mean_s": float(flood.mean())} if admitted_by == "light load" else {})},
@@ -317,7 +325,8 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
                         "samples_range": delivery_fit["x_range"]},
            **(source or {})}
     return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
-                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S, knee, above, attention_scale)
+                        delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S, knee, above, attention_scale,
+                        mixed_spread_s)
 
 
 LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans
@@ -397,8 +406,8 @@ def _path_scales(passes, min_count: int, several_hosts: bool) -> tuple[dict, dic
     over the hosts with ``min_count`` finite passes of the path, each host weighing as one: the growth is the median
     of the growths of the hosts whose passes span the heat (``_heat_slope``; 0 where none does), the scale the median
     over hosts of each one's median ratio less that growth. So a host that ran hot only still sets the level, and a
-    host with more runs weighs no more. The scale describes the passes the swept model covers: decode steps with a
-    spread of contexts are priced apart (``_spread``)."""
+    host with more runs weighs no more. The scale describes the passes the swept model covers: passes whose decodes
+    have a spread of contexts are priced apart (``_spread``)."""
     import pandas as pd
 
     swept = _finite_rows(passes[passes["spread_tokens"] == 0].assign(ratio=passes["pass_s"] / passes["model_s"]),
@@ -442,13 +451,16 @@ def _heat_summary(heat: np.ndarray, ratio: np.ndarray, level: float, slope: floa
 
 
 def _spread(passes, scale: Mapping[str, float], heat_scale: Mapping[str, float], min_count: int) -> tuple[float, dict]:
-    """``decode_spread_s``: least squares through 0 of what each path's scale leaves of the decode-only passes with a
-    spread of contexts, against their spread (0 with fewer than ``min_count`` such passes); and its fit summary."""
-    spread = passes["spread_tokens"].to_numpy(dtype=float)
-    scaled = passes["path"].map(lambda p: scale.get(p, 1.0)) + passes["path"].map(
-        lambda p: heat_scale.get(p, 0.0)) * passes["heat"]
-    left = passes["pass_s"] - scaled * passes["model_s"]
-    x, y = _finite(spread[spread > 0], left.to_numpy(dtype=float)[spread > 0])
+    """The price per token of the decodes' spread of contexts (``decode_spread_s`` of decode steps,
+    ``mixed_spread_s`` of passes with prompt tokens, as ``passes`` hold): least squares through 0 of what each path's
+    scale leaves of the passes with such a spread, against it (0 with fewer than ``min_count`` of them); and its fit
+    summary."""
+    passes = passes[passes["spread_tokens"] > 0]
+    scale_of = passes["path"].map(lambda p: scale.get(p, 1.0)).to_numpy(dtype=float)
+    heat_of = passes["path"].map(lambda p: heat_scale.get(p, 0.0)).to_numpy(dtype=float)
+    left = passes["pass_s"].to_numpy(dtype=float) - (scale_of + heat_of * passes["heat"].to_numpy(dtype=float)) * \
+        passes["model_s"].to_numpy(dtype=float)
+    x, y = _finite(passes["spread_tokens"], left)
     if len(x) < min_count:
         return 0.0, {"n": int(len(x)), "knee": SPREAD_KNEE}
     per_token = max(0.0, float(x @ y / (x @ x)))

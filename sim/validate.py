@@ -658,9 +658,9 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
-                           "heat": p["heat"], "attention_s": p["attention_s"],
-                           "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["prefill_tokens"],
-                                                                 p["decode_context"], p["decode_max_context"])})
+                           "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
+                           "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["decode_context"],
+                                                                 p["decode_max_context"])})
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start
             requests += [{"host": host, "id": r.id, "prompt_tokens": r.prompt_tokens, "light": True,
                           "admission_s": trace_requests[r.response_id]["received"] - m.t0 - r.arrival,

@@ -107,11 +107,38 @@ def test_a_decode_step_pays_for_its_longest_context_beyond_twice_the_mean():
     assert skewed.decode_max_context == 3000 and even.decode_max_context == 463
     assert skewed.decode_context == even.decode_context == 3700
     assert s.spread_seconds(skewed) == pytest.approx(s.decode_spread_s * (3000 - 2 * 3700 / 8))
-    assert s.spread_seconds(even) == 0 and s.spread_seconds(features([100] * 7 + [3000], chunk=64)) == 0
-    assert decode_spread_tokens(0, 64, 0, 0) == 0
+    assert s.spread_seconds(even) == 0 and s.mixed_spread_s == 0
+    assert s.spread_seconds(features([100] * 7 + [3000], chunk=64)) == 0  # no spread fitted beside prompt tokens
+    assert decode_spread_tokens(0, 0, 0) == 0
     profile = load_profile("llama-2-7b-h200").with_serving(s)  # the simulator's replicas ask the profile
     unknown = skewed._replace(decode_max_context=0)  # older records: not known, no charge
     assert profile.predict(skewed) - profile.predict(unknown) == pytest.approx(s.spread_seconds(skewed))
+
+
+def test_decodes_beside_a_chunk_pay_for_their_spread_at_a_price_of_their_own():
+    """Passes with prompt tokens whose decodes' longest context exceeds twice the mean take 0.4 us a token more, decode
+    steps 0.8: each price is fitted on its own passes, the path's scale on the rest, and a section charges each pass
+    its kind's price; a section of an older version (no ``mixed_spread_s``) charges mixed passes nothing."""
+    passes, requests = synthetic()
+    rng = np.random.default_rng(3)
+    n = len(passes["pass_s"])
+    mixed = np.arange(n) % 2 == 1
+    passes["path"] = np.where(mixed, "mixed-graph", "decode-graph")
+    spread = np.where(rng.random(n) < 0.3, rng.uniform(100, 3000, n), 0.0)
+    price = np.where(mixed, 4e-7, 8e-7)
+    passes = {**passes, "spread_tokens": spread, "prefill_tokens": np.where(mixed, 512, 0),
+              "pass_s": passes["pass_s"] + price * spread}
+    s = fit_serving(passes, requests)
+    assert s.decode_spread_s == pytest.approx(8e-7, rel=0.02) and s.mixed_spread_s == pytest.approx(4e-7, rel=0.02)
+    assert s.fit["mixed_spread"]["n"] == int(np.sum(mixed & (spread > 0)))
+    assert s.path_scale["mixed-graph"] == pytest.approx(1.05, rel=0.01)
+    assert ServingModel.from_dict(s.to_dict()).mixed_spread_s == s.mixed_spread_s
+    plan = BatchPlan(num_new_tokens=[1] * 8 + [64], start_positions=[99] * 7 + [2999, 0], samples=[True] * 9,
+                     num_decodes=8, num_prefill_tokens=64)
+    beside_chunk = plan_features(plan)
+    assert s.spread_seconds(beside_chunk) == pytest.approx(4e-7 * (3000 - 2 * 3700 / 8))
+    older = {k: v for k, v in s.to_dict().items() if k != "mixed_spread_s"}
+    assert ServingModel.from_dict(older).spread_seconds(beside_chunk) == 0
 
 
 def test_one_pass_size_fits_the_level_alone():
