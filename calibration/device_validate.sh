@@ -6,7 +6,8 @@
 #   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"
 # env: MIXES (default "long short"), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
 #   EXTRA (more validate options, e.g. "--repeats 2"), NEED (a card name the GPUs must match, e.g. H200),
-#   COMMIT (recorded in each run's meta.json). Wheels in .whl/ (packages the machine lacks) are installed first.
+#   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
+#   EXTRA="--replicas 2 ..." runs a 2-replica fleet). Wheels in .whl/ (packages the machine lacks) are installed first.
 set -uo pipefail
 usage='usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1..G3=...] calibration/device_validate.sh'
 specs=0
@@ -42,8 +43,10 @@ for gpu in 0 1 2 3; do
     spec=${!spec_name:-}
     [ -z "$spec" ] && continue
     read -r model profile scheduler seed loads requests cell_s <<<"$spec"
+    visible_name=V$gpu
+    visible=${!visible_name:-$gpu}
     # shellcheck disable=SC2086  # EXTRA holds several options
-    CUDA_VISIBLE_DEVICES=$gpu timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
+    CUDA_VISIBLE_DEVICES=$visible timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
         "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" --loads "$loads" -n "$requests" \
         --cell-seconds "$cell_s" --workload-seed "$seed" --time-budget "${TB:-450}" --out "$work/runs/g$gpu" \
         ${EXTRA:-} >"$work/meta/g$gpu.log" 2>&1 &
