@@ -17,6 +17,7 @@ from engine.policy.options import config_options, pick
 from sim.capacity import SearchConfig
 from sim.cluster import ClusterConfig
 from sim.parallel_options import backend_options
+from sim.router import SERVE_ROUTER
 from sim.sla_options import SLA_CONTEXT, sla_options
 from sim.workload import ARRIVALS, Workload
 
@@ -47,6 +48,9 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
               help="Clip sampled prompts to this many tokens (FastGen's benchmark uses 4000).")
 @click.option("--noise/--no-noise", default=ClusterConfig.noise, show_default=True,
               help="Pass-time noise from the profile.")
+@click.option("--serve-router/--no-serve-router", default=False, show_default=True,
+              help="With --replicas > 1: each request and token also takes the hop of the router that "
+                   "`splitfuse serve --replicas N` runs (sim.router.SERVE_ROUTER, measured).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--replications", default=1, show_default=True, type=int,
               help="Independent runs (seeds seed..seed+R-1); prints 95% confidence intervals.")
@@ -90,9 +94,9 @@ def simulate(ctx: click.Context, **options):
 
 
 def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_requests, prompt_len, output_len,
-         max_prompt_len, noise, seed, replications, warmup, cooldown, sla_gen_rate, sla_prompt_rate, cumulative_sla,
-         goodput, rates, sweep, sla_target, max_requests_per_replica, max_queue_growth, backend, processes,
-         ray_address, out, report, token_times, progress, **policy_options):
+         max_prompt_len, noise, serve_router, seed, replications, warmup, cooldown, sla_gen_rate, sla_prompt_rate,
+         cumulative_sla, goodput, rates, sweep, sla_target, max_requests_per_replica, max_queue_growth, backend,
+         processes, ray_address, out, report, token_times, progress, **policy_options):
     options = {**locals(), **policy_options}
     del options["policy_options"]
     from sim.cluster import simulate
@@ -112,7 +116,8 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
         if not out:
             raise ValueError("--token-times writes token_times.parquet into --out DIR; give --out")
         _require_parquet()
-    config = ClusterConfig(profile, replicas=replicas, policy=policy, noise=noise)
+    config = ClusterConfig(profile, replicas=replicas, policy=policy, noise=noise,
+                           router=SERVE_ROUTER if serve_router else None)
     cost = config.costs()[0]
     sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
               goodput=goodput)

@@ -16,6 +16,7 @@ from engine.policy.load_balancer import estimate_kv_usage
 from sim.costs import DEFAULT_PROFILE, CostModel, load_cost_model
 from sim.replica import Replica
 from sim.request_log import RequestLog
+from sim.router import RouterCost
 from sim.saturation import with_rate
 from sim.workload import RequestTable, Workload
 
@@ -25,12 +26,19 @@ class ClusterConfig:
     """``replicas`` replicas behind one load balancer, each running ``policy`` (its scheduler, token budget,
     ``max_num_seqs``, prefix caching; the balancer) on ``cost``: one cost model for every replica or a list with
     one per replica, each a cost model or what ``--profile`` takes (a shipped profile name or a profile path).
-    ``noise``: draw pass times from the profile's measured spread."""
+    ``noise``: draw pass times from the profile's measured spread. ``router``: the hop that the router in front of
+    more than one replica adds, as ``splitfuse serve --replicas N`` runs one (``sim.router``; None: an ideal
+    balancer that costs nothing; a lone replica is served directly)."""
 
     cost: CostModel | str | Path | list = DEFAULT_PROFILE
     replicas: int = 4
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     noise: bool = True
+    router: RouterCost | None = None
+
+    def routed(self) -> RouterCost | None:
+        """The router the fleet's requests and tokens pass through, if any."""
+        return self.router if self.router is not None and self.replicas > 1 else None
 
     def __post_init__(self) -> None:
         if isinstance(self.cost, (list, tuple)):
@@ -154,11 +162,12 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
                                  f"{table.name(j)} needs whole passes of up to {int(longest[j])} tokens")
 
 
-def admission_delays(table: RequestTable, costs: list, seed: int) -> list[float]:
+def admission_delays(table: RequestTable, costs: list, seed: int, router: RouterCost | None = None) -> list[float]:
     """Each request's admission, from the client's send until its replica's engine has it (drawn, seeded, from
-    the first replica's cost model: the serving stack in front of the replicas)."""
+    the first replica's cost model: the serving stack in front of the replicas), and through ``router``."""
     uniforms = np.random.default_rng([seed, 0xAD]).random(len(table))
-    return np.asarray(costs[0].admission_seconds(table.prompt_tokens, uniforms), dtype=float).tolist()
+    delays = np.asarray(costs[0].admission_seconds(table.prompt_tokens, uniforms), dtype=float)
+    return (delays + (router.admission_s if router is not None else 0.0)).tolist()
 
 
 def arrival_order(table: RequestTable, admission: list[float]) -> list[tuple[int, float, float]]:
@@ -180,7 +189,7 @@ PARALLEL_MIN_REQUESTS = 20_000  # below this, starting worker processes costs mo
 
 def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
              cooldown: float = 0.0, progress: bool = False, workers: int | None = None,
-             on_pass: Callable[[int, BatchPlan, float, float], None] | None = None,
+             on_pass: Callable[[int, BatchPlan, float, float, float], None] | None = None,
              token_times: bool = False, workload_seed: int | None = None) -> SimResult:
     """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
     the statistics. An open-loop workload without a rate runs at its ``load`` x the estimated capacity
@@ -193,8 +202,8 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     worker replays the whole arrival sequence and simulates its own replicas, so each request's results are
     exactly those of the single-process run.
 
-    ``on_pass(replica, plan, start, end)`` is called after every simulated pass, before the scheduler applies it
-    (a pass-level trace; the run then stays in this process).
+    ``on_pass(replica, plan, start, end, delivered)`` is called after every simulated pass, before the scheduler
+    applies it, with when its tokens reach their clients (a pass-level trace; the run then stays in this process).
     """
     costs = config.costs()
     if isinstance(workload, Workload):
@@ -242,7 +251,9 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
             if event is not None:
                 event.succeed(request.finish_time)
 
-    replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass)
+    router = config.routed()
+    replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass,
+                        router.delivery_s if router is not None else 0.0)
                 if own is None or i in own else None for i, cost in enumerate(costs)]
     loads = _Loads(replicas, balancer.reads_kv_usage)
     choose = balancer.choose
@@ -253,7 +264,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
     params: dict[int, SamplingParams] = {}  # one per output length: requests only read them
     # The serving path's delays (zero unless the cost model was measured through a server): a request reaches its
     # replica's engine some time after the client sent it, and tokens reach the client some time after their pass.
-    admission = admission_delays(table, costs, seed)
+    admission = admission_delays(table, costs, seed, router)
 
     def send(i: int, sent: float) -> None:
         replica = replicas[choose(loads) if choices is None else choices[i]]
@@ -339,7 +350,7 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
     choose = make_balancer(config.policy.balancer, seed).choose
     everyone = range(len(costs))  # state-free balancers only look at how many replicas there are
     choices = [0] * len(table)
-    for i, _, _ in arrival_order(table, admission_delays(table, costs, seed)):  # as _run sends them
+    for i, _, _ in arrival_order(table, admission_delays(table, costs, seed, config.routed())):  # as _run does
         choices[i] = choose(everyone)
     jobs = [(table, costs, config, seed, log_args, choices, set(range(w, len(costs), workers)))
             for w in range(workers)]

@@ -26,7 +26,8 @@ class Replica:
     block size and block count the engine gets on the profiled card)."""
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, policy: PolicyConfig,
-                 noise: bool = True, seed: int = 0, on_finish=None, on_pass=None) -> None:
+                 noise: bool = True, seed: int = 0, on_finish=None, on_pass=None,
+                 router_delivery_s: float = 0.0) -> None:
         self.env = env
         self.index = index
         self.cost = cost
@@ -35,7 +36,8 @@ class Replica:
         self.noise = noise
         self.rng = np.random.default_rng([seed, index, 0xC057])
         self.on_finish = on_finish
-        self.on_pass = on_pass  # (replica index, plan, start, end) after each pass, before it is applied
+        self.on_pass = on_pass  # (replica index, plan, start, end, delivered) after each pass, before it is applied
+        self.router_delivery_s = router_delivery_s  # the fleet router's hop on a token's way out
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
         self.num_requests = 0
@@ -111,11 +113,12 @@ class Replica:
             end = now + seconds  # what SimPy's clock would read after ``timeout(seconds)`` at ``now``
             if not end < env.peek():
                 yield env.timeout(_delay_to(env, end))
+            # tokens are the client's a delivery after their pass ends (the serving path, and a fleet's router)
+            delivered = end + delivery(features.num_samples) + self.router_delivery_s
             if self.on_pass is not None:
-                self.on_pass(self.index, plan, now, end)
+                self.on_pass(self.index, plan, now, end, delivered)
             now = end
-            # tokens are the client's a delivery after their pass ends (the serving path)
-            finished = sched.update(plan, None, now + delivery(features.num_samples))
+            finished = sched.update(plan, None, delivered)
             if sched.num_passes % self._kv_stride == 0:
                 self._record_kv(now)
             if finished:

@@ -33,6 +33,8 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
         "max sequences per pass": f"{policy.max_num_seqs:,}",
         "prefix caching": "on" if policy.enable_prefix_caching else "off",
         "balancer": policy.balancer,
+        "router": (f"+{config.routed().admission_s * 1e3:.2f} ms in, +{config.routed().delivery_s * 1e3:.2f} ms out "
+                   "a token" if config.routed() else "none (an ideal balancer)"),
         "pass-time noise": "from the profile's measured spread" if config.noise else "off (median pass times)",
     }
     if workload is not None:

@@ -48,7 +48,7 @@ from calibration.host_spread import HostSpread, MeasuredHost
 from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
 from calibration.validation_results import CELL as CELL_KEYS
 from calibration.validation_results import VIEWS, with_bounds
-from engine.policy import PassFeatures, PolicyConfig, plan_features
+from engine.policy import PassFeatures, PolicyConfig
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
@@ -56,6 +56,7 @@ from sim.costs import CostModel, SlowerHost
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
 from sim.request_log import RequestLog
+from sim.router import SERVE_ROUTER
 from sim.saturation import engine_concurrency as replica_concurrency
 from sim.saturation import estimate_capacity
 from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, Workload, parse_length
@@ -427,18 +428,17 @@ def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None
               first_id: int = 0, server_view: bool = True) -> tuple[dict, dict | None, list[int]]:
     """The simulator's summary of the cell's workload (of its requests from ``first_id`` on), the same run's server
     view (``at_pass_ends``; None without ``server_view``) and its tokens per pass. ``seed`` (default the cell's)
-    draws pass-time noise and serving delays; the workload is the cell's whatever the seed."""
+    draws pass-time noise and serving delays; the workload is the cell's whatever the seed. A fleet's requests and
+    tokens pass through the router ``splitfuse serve --replicas N`` runs (``sim.router.SERVE_ROUTER``)."""
     tokens: list[int] = []
     pass_end: dict[float, float] = {}  # when a pass's tokens reach the client -> when the pass ended
 
-    def on_pass(replica: int, plan, start: float, end: float) -> None:
+    def on_pass(replica: int, plan, start: float, end: float, delivered: float) -> None:
         tokens.append(plan.num_tokens)
-        if not server_view:
-            return
-        # the replica hands a pass's tokens to the client at end + delivery (sim.replica), this very sum
-        pass_end[end + cost.delivery_seconds(plan_features(plan).num_samples)] = end
+        if server_view:
+            pass_end[delivered] = end
 
-    result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy),
+    result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy, router=SERVE_ROUTER),
                       seed=cell.seed if seed is None else seed, workload_seed=cell.seed, on_pass=on_pass,
                       token_times=server_view)
     keep = result.columns["measured"] & (result.columns["id"] >= first_id) if first_id else None

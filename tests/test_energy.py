@@ -177,7 +177,7 @@ def test_the_simulators_energy_is_the_sum_of_its_passes_and_idle_power():
     energy = profile.energy
     passes, busy = [], [0.0, 0.0]
 
-    def on_pass(replica, plan, start, end):
+    def on_pass(replica, plan, start, end, delivered):
         passes.append(energy.pass_joules(end - start, plan_features(plan)))
         busy[replica] += end - start
 

@@ -85,7 +85,7 @@ def run_sim(prompts, outputs, scheduler, token_budget, max_num_seqs, block_size,
                          output_tokens=np.array(outputs))
     policy = PolicyConfig(scheduler=scheduler, token_budget=token_budget, max_num_seqs=max_num_seqs)
     config = ClusterConfig(cost, replicas=1, noise=False, policy=policy)
-    result = simulate(table, config, seed=0, on_pass=lambda replica, plan, start, end: record(plan))
+    result = simulate(table, config, seed=0, on_pass=lambda replica, plan, start, end, delivered: record(plan))
     df = result.requests.sort_values("id")
     assert df["output_tokens"].tolist() == expected_outputs(prompts, outputs, max_model_len)
     assert result.replicas["passes"].tolist() == [len(passes)]
