@@ -20,6 +20,7 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
     cost = config.costs()[0]
     m = getattr(cost, "meta", {}) or {}
     policy = config.policy
+    router = config.routed()
     rows = {
         "profile": _profile_name(getattr(cost, "source", None)) or m.get("kind", "?"),
         "model": str(m.get("model", "?")),
@@ -33,8 +34,8 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
         "max sequences per pass": f"{policy.max_num_seqs:,}",
         "prefix caching": "on" if policy.enable_prefix_caching else "off",
         "balancer": policy.balancer,
-        "router": (f"+{config.routed().admission_s * 1e3:.2f} ms in, +{config.routed().delivery_s * 1e3:.2f} ms out "
-                   "a token" if config.routed() else "none (an ideal balancer)"),
+        "router": (f"+{router.admission_s * 1e3:.2f} ms in, +{router.delivery_s * 1e3:.2f} ms out a token" if router
+                   else "none (an ideal balancer)"),
         "pass-time noise": "from the profile's measured spread" if config.noise else "off (median pass times)",
     }
     if workload is not None:
