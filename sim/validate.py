@@ -875,24 +875,29 @@ def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) ->
 
 
 MIN_PATH_PASSES = 20  # fewer traced passes of a path than this give it no factor of its own
+OVERLOAD_DECODE_MAX_SEQS = 128  # decode steps of an overload run up to this batch are like a cell's below saturation
 
 
-def overload_path_factors(directory: Path, cost: CostModel) -> dict[str, float]:
-    """{serving path: served / predicted loop time} over the passes with prompt tokens of ``directory``'s
-    single-engine overload runs (those that measured a saturation rate, outside every cell), for the paths with
-    ``MIN_PATH_PASSES`` or more: how much slower than ``cost`` the host that ran them runs each path, as
-    ``SlowerHost(cost, path_factors=...)`` takes it. Empty where the runs traced no overload run.
+def overload_path_factors(directory: Path, cost: CostModel,
+                          decode_max_seqs: int = OVERLOAD_DECODE_MAX_SEQS) -> dict[str, float]:
+    """{serving path: served / predicted loop time} over the passes of ``directory``'s single-engine overload runs
+    (those that measured a saturation rate, outside every cell), for the paths with ``MIN_PATH_PASSES`` or more: how
+    much slower than ``cost`` the host that ran them runs each path, as ``SlowerHost(cost, path_factors=...)``
+    takes it. Empty where the runs traced no overload run.
 
-    Passes of decodes alone are left out: an overload run's decode batches are larger than any cell's below
-    saturation, and their error there is the batch's, not the host's, while passes with prompt tokens are the same
-    chunks and prompts at every load (``calibration/VALIDATION.md``, twenty-third round)."""
+    Passes with prompt tokens count at any size: they are the same chunks and prompts at every load. Decode steps
+    alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
+    than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
+    VALIDATION.md``, twenty-third and twenty-ninth rounds)."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}
     for name, m, info in runs:
         if not is_overload_run(m.cell) or traces.get(name) is None:
             continue
         for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
-            if row["prefill_tokens"] and np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"]):
+            if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])):
+                continue
+            if row["prefill_tokens"] or row["num_seqs"] <= decode_max_seqs:
                 path = scale_path(row["path"], row["decode_tokens"])
                 served[path] = served.get(path, 0.0) + row["loop_s"]
                 predicted[path] = predicted.get(path, 0.0) + row["predicted_s"]
@@ -996,10 +1001,10 @@ def _command():
                   help="Simulate on a host whose passes run this share slower than the profile's (0.028: 2.8%; a "
                        "host's factor in the profile's hosts section, less 1).")
     @click.option("--host-from-overload", is_flag=True,
-                  help="Simulate each run on its own host: each serving path's passes with prompt tokens slowed by "
-                       "the factor its overload runs show (served / predicted loop time, passes outside every "
-                       "cell); the factors go to host_factors.json. Needs a measured profile; not with "
-                       "--host-margin.")
+                  help="Simulate each run on its own host: each serving path's passes slowed by the factor its "
+                       "overload runs show (served / predicted loop time, passes outside every cell; decode steps "
+                       "of up to 128 sequences); the factors go to host_factors.json. Needs a measured profile; "
+                       "not with --host-margin.")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
