@@ -154,7 +154,7 @@ def check_fits(table: RequestTable, costs: list, config: ClusterConfig) -> None:
                              f"{cost.block_size} tokens, context limit {limit}")
         policy = config.policy
         if policy.scheduler != "splitfuse":
-            longest = prompts + outputs - 1
+            longest = total - 1  # a recompute after preemption; the output stops at the context limit
             j = int(np.argmax(longest))
             if longest[j] > policy.max_num_batched_tokens:
                 raise ValueError(f"--max-num-batched-tokens {policy.max_num_batched_tokens} is too small for "

@@ -188,6 +188,22 @@ def test_prefill_first_needs_a_budget_that_covers_the_prompt():
         sched.add(make_request("p", 9, 1))
 
 
+def test_prefill_first_budget_counts_the_output_up_to_the_context():
+    """A recompute after preemption holds the prompt and the output so far, which stops at the context limit: a
+    request asking for more output than fits needs no budget beyond it (a client capped its max_tokens so)."""
+    sched = make_scheduler("prefill-first", 100, 4, token_budget=32, max_model_len=32)
+    request = Request("r", None, SamplingParams(max_tokens=40, ignore_eos=True), 0.0, num_prompt_tokens=20,
+                      max_model_len=32)
+    sched.add(request)
+    while sched.has_unfinished():
+        sched.update(sched.schedule())
+    assert request.num_output_tokens == 12
+    short = make_scheduler("prefill-first", 100, 4, token_budget=30, max_model_len=32)
+    with pytest.raises(ValueError, match="prompt \\+ output - 1 = 31"):
+        short.add(Request("s", None, SamplingParams(max_tokens=40, ignore_eos=True), 0.0, num_prompt_tokens=20,
+                          max_model_len=32))
+
+
 def test_prefill_first_never_mixes_prompts_and_decodes():
     sched = make_scheduler("prefill-first", 100, 4, token_budget=64)
     requests = [make_request(i, 5 + i, 6, arrival=float(i)) for i in range(6)]

@@ -178,3 +178,17 @@ def test_every_summary_key_has_a_unit():
     assert all(describe(key)[1] or key == "seed" for key in summary)
     with pytest.raises(KeyError, match="sim/units.py"):
         describe("brand_new_metric")
+
+
+def test_prefill_first_accepts_outputs_cut_at_the_context():
+    """A prompt near the context with a long nominal output is cut at the context, as the engine serves it: its
+    longest pass after a preemption is prompt + what fits - 1, which the budget need only cover."""
+    workload = Workload(num_requests=3, rate=1.0, prompt=LengthDist("fixed", (4000,)),
+                        output=LengthDist("fixed", (335,)))
+    cost = LinearCost(base=0.01, per_token=1e-5, num_kv_blocks=1000, max_model_len=4096)
+    policy = PolicyConfig(scheduler="prefill-first", max_num_batched_tokens=4224)
+    result = simulate(workload, ClusterConfig(cost, replicas=1, policy=policy))
+    assert (result.columns["output_tokens"] == 96).all()
+    with pytest.raises(ValueError, match="too small for prefill-first"):
+        simulate(workload, ClusterConfig(cost, replicas=1, policy=PolicyConfig(scheduler="prefill-first",
+                                                                               max_num_batched_tokens=4000)))

@@ -347,7 +347,7 @@ class PrefillFirstScheduler(Scheduler):
 
     def check(self, request: Request) -> None:
         super().check(request)
-        longest = request.num_prompt_tokens + request.max_tokens - 1  # a recompute after preemption
+        longest = request.num_prompt_tokens + request.length_limit - 1  # a recompute after preemption
         if longest > self.token_budget:
             raise ValueError(f"request {request.request_id!r}: {self.name} runs whole prompts, so "
                              f"max_num_batched_tokens ({self.token_budget}) must cover prompt + output - 1 = {longest} "
