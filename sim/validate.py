@@ -1003,8 +1003,8 @@ def _command():
     @click.option("--host-from-overload", is_flag=True,
                   help="Simulate each run on its own host: each serving path's passes slowed by the factor its "
                        "overload runs show (served / predicted loop time, passes outside every cell; decode steps "
-                       "of up to 128 sequences); the factors go to host_factors.json. Needs a measured profile; "
-                       "not with --host-margin.")
+                       f"of up to {OVERLOAD_DECODE_MAX_SEQS} sequences); the factors go to host_factors.json. Needs "
+                       "a measured profile; not with --host-margin.")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
