@@ -378,13 +378,13 @@ def views(measured: Measured, trace_requests: dict[str, dict] | None) -> dict[st
             "client": to_result(measured.records, measured.cell.seed)}
 
 
-def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -> list[dict]:
+def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | list[CostModel]) -> list[dict]:
     """The traced passes of each engine (``replica``) inside the cell's window, each with the profile's prediction
-    (``predicted_s``) and the swept price of its prompt attention (``attention_s``,
-    ``Profile.attention_seconds``; NaN for costs without one). ``pass_s`` spans what a profile's sweep times
-    (schedule, run, sample, update); ``loop_s`` runs until the next step began, the serving loop's own work
-    (outputs, sending, commands) included, and ``serving_s`` is that work alone: both only where the next step began
-    at once (else NaN: the engine went idle). ``heat``: the card's heat when the pass began
+    (``predicted_s``; ``cost``: one for every engine or a list, ``engine_costs``) and the swept price of its prompt
+    attention (``attention_s``, ``Profile.attention_seconds``; NaN for costs without one). ``pass_s`` spans what a
+    profile's sweep times (schedule, run, sample, update); ``loop_s`` runs until the next step began, the serving
+    loop's own work (outputs, sending, commands) included, and ``serving_s`` is that work alone: both only where the
+    next step began at once (else NaN: the engine went idle). ``heat``: the card's heat when the pass began
     (``calibration.serving.prefill_heats`` over the engine's whole trace, with the cost's own time constant where it
     has a heat), which the prediction takes.
 
@@ -393,9 +393,11 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
     one's start, its prediction their sum) and theirs keep only ``serving_s``."""
     lo, hi = measured.window
     rows = []
-    card = cost.new_heat() if hasattr(cost, "new_heat") else None
-    attention = getattr(cost, "attention_seconds", None)
+    costs = engine_costs(cost, len(passes))
     for replica, engine_passes in enumerate(passes):
+        cost = costs[replica]
+        card = cost.new_heat() if hasattr(cost, "new_heat") else None
+        attention = getattr(cost, "attention_seconds", None)
         heats = prefill_heats(engine_passes, card.tau_s if card is not None else HEAT_TAU_S)
         # the passes since the last that waited for the GPU
         run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
@@ -422,6 +424,18 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel) -
             if not unsynced:
                 run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
     return rows
+
+
+def engine_costs(cost, engines: int) -> list:
+    """One cost model per engine of a run: ``cost`` for each, or, given a list (one per card), its first
+    ``engines``; a list of one stands for every engine."""
+    if not isinstance(cost, (list, tuple)):
+        return [cost] * engines
+    if len(cost) == 1:
+        return list(cost) * engines
+    if len(cost) < engines:
+        raise ValueError(f"{len(cost)} cost models for a run of {engines} engines")
+    return list(cost[:engines])
 
 
 def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None,
@@ -683,11 +697,12 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
     return passes, requests
 
 
-def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds: int = 1,
+def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None = None, sim_seeds: int = 1,
             exclude_first: bool = False) -> dict:
-    """Simulate every measured cell of ``directory`` on ``cost``; write ``validation.csv``, ``errors.csv``,
-    ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default: ``directory``). ``sim_seeds`` > 1:
-    also ``sim_seeds.csv``, the spread of the simulator's headline metrics over that many seeds.
+    """Simulate every measured cell of ``directory`` on ``cost`` (or a list, one per engine: ``engine_costs``); write
+    ``validation.csv``, ``errors.csv``, ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default:
+    ``directory``). ``sim_seeds`` > 1: also ``sim_seeds.csv``, the spread of the simulator's headline metrics over
+    that many seeds.
     ``exclude_first``: leave each client's first requests (``first_requests``) out of both sides' metrics, for
     runs sent before the client warmed up (``sim.bench.warm_up``), whose first requests carried its start-up."""
     import pandas as pd
@@ -699,7 +714,9 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     rows, passes_rows, delivery_rows, spread_rows = [], [], [], []
     simulations = {}  # a cell's repeats run the same requests: one simulation serves them all
     for name, m, info in cells:
-        served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
+        served = [ServedCost(c, info["kv_total_blocks"], info["max_model_len"])
+                  for c in engine_costs(cost, m.cell.replicas)]
+        served = served if isinstance(cost, (list, tuple)) else served[0]
         trace_passes, trace_requests = traces[name] or ([], None)
         first = first_requests(m.cell, processes) if exclude_first else 0
         once = (dataclasses.replace(m.cell, repeat=0), m.rate, info["kv_total_blocks"], info["max_model_len"])
@@ -736,7 +753,10 @@ def compare(directory: Path, cost: CostModel, out: Path | None = None, sim_seeds
     delivery.to_csv(out / "delivery.csv", index=False)
     if spread_rows:
         pd.DataFrame(spread_rows).to_csv(out / "sim_seeds.csv", index=False)
-    report_meta = {**meta, "profile": cost.meta, "serving": getattr(cost, "serving", None) is not None,
+    first = cost[0] if isinstance(cost, (list, tuple)) else cost
+    profile_meta = first.meta if first is cost else \
+        {**first.meta, "host_path_factors": [c.meta.get("host_path_factors") for c in cost]}
+    report_meta = {**meta, "profile": profile_meta, "serving": getattr(first, "serving", None) is not None,
                    "excluded": "each client's first requests" if exclude_first else None}
     from sim.validation_report import write_report
 
@@ -878,31 +898,38 @@ MIN_PATH_PASSES = 20  # fewer traced passes of a path than this give it no facto
 OVERLOAD_DECODE_MAX_SEQS = 128  # decode steps of an overload run up to this batch are like a cell's below saturation
 
 
+def is_saturation_run(cell: Cell) -> bool:
+    """Whether a calibration run of ``cell`` measured a saturation rate: an overload run, of one engine or a fleet."""
+    return not cell.clients and cell.load is None
+
+
 def overload_path_factors(directory: Path, cost: CostModel,
-                          decode_max_seqs: int = OVERLOAD_DECODE_MAX_SEQS) -> dict[str, float]:
-    """{serving path: served / predicted loop time} over the passes of ``directory``'s single-engine overload runs
-    (those that measured a saturation rate, outside every cell), for the paths with ``MIN_PATH_PASSES`` or more: how
-    much slower than ``cost`` the host that ran them runs each path, as ``SlowerHost(cost, path_factors=...)``
-    takes it. Empty where the runs traced no overload run.
+                          decode_max_seqs: int = OVERLOAD_DECODE_MAX_SEQS) -> list[dict[str, float]]:
+    """Per engine (a fleet's replica order; one for a single engine), {serving path: served / predicted loop time}
+    over its passes in ``directory``'s overload runs (those that measured a saturation rate, outside every cell),
+    for the paths with ``MIN_PATH_PASSES`` or more: how much slower than ``cost`` the card that ran them runs each
+    path, as ``SlowerHost(cost, path_factors=...)`` takes it. Empty where the runs traced no overload run.
 
     Passes with prompt tokens count at any size: they are the same chunks and prompts at every load. Decode steps
     alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
     than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
     VALIDATION.md``, twenty-third and twenty-ninth rounds)."""
     _, runs, traces = load_measured(directory, "calibration")
-    served, predicted, count = {}, {}, {}
+    served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     for name, m, info in runs:
-        if not is_overload_run(m.cell) or traces.get(name) is None:
+        if not is_saturation_run(m.cell) or traces.get(name) is None:
             continue
         for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
             if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])):
                 continue
             if row["prefill_tokens"] or row["num_seqs"] <= decode_max_seqs:
-                path = scale_path(row["path"], row["decode_tokens"])
-                served[path] = served.get(path, 0.0) + row["loop_s"]
-                predicted[path] = predicted.get(path, 0.0) + row["predicted_s"]
-                count[path] = count.get(path, 0) + 1
-    return {path: served[path] / predicted[path] for path in sorted(served) if count[path] >= MIN_PATH_PASSES}
+                key = (row["replica"], scale_path(row["path"], row["decode_tokens"]))
+                served[key] = served.get(key, 0.0) + row["loop_s"]
+                predicted[key] = predicted.get(key, 0.0) + row["predicted_s"]
+                count[key] = count.get(key, 0) + 1
+    engines = 1 + max((engine for engine, _ in served), default=-1)
+    return [{path: served[e, path] / predicted[e, path] for e, path in sorted(served)
+             if e == engine and count[e, path] >= MIN_PATH_PASSES} for engine in range(engines)]
 
 
 def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
@@ -1003,8 +1030,9 @@ def _command():
     @click.option("--host-from-overload", is_flag=True,
                   help="Simulate each run on its own host: each serving path's passes slowed by the factor its "
                        "overload runs show (served / predicted loop time, passes outside every cell; decode steps "
-                       f"of up to {OVERLOAD_DECODE_MAX_SEQS} sequences); the factors go to host_factors.json. Needs "
-                       "a measured profile; not with --host-margin.")
+                       f"of up to {OVERLOAD_DECODE_MAX_SEQS} sequences), a fleet's engines each by their own; the "
+                       "factors go to host_factors.json (a list, one per engine). Needs a measured profile; not "
+                       "with --host-margin.")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
@@ -1092,11 +1120,13 @@ def _command():
             host = cost
             if directory in own_hosts:
                 factors = own_hosts[directory]
-                host = SlowerHost(cost, path_factors=factors)
+                host = [SlowerHost(cost, path_factors=engine) for engine in factors]
                 into.mkdir(parents=True, exist_ok=True)
                 (into / "host_factors.json").write_text(json.dumps(factors, indent=1) + "\n")
-                click.echo(f"{directory}: its host, served / predicted loop time: "
-                           + ", ".join(f"{path} {f:.3f}" for path, f in factors.items()))
+                for engine, paths in enumerate(factors):
+                    card = f" engine {engine}" if len(factors) > 1 else ""
+                    click.echo(f"{directory}: its host{card}, served / predicted loop time: "
+                               + ", ".join(f"{path} {f:.3f}" for path, f in paths.items()))
             compared = compare(directory, host, into, sim_seeds, exclude_first_requests)
             click.echo(f"cells within the bounds (errors.csv: in_bounds, misses): {_judged(compared['errors'])}")
             repeats = compared["repeats"]

@@ -18,15 +18,17 @@ pytest.importorskip("torch")
 from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
-from calibration.serving import PATHS  # noqa: E402
+from calibration.serving import PATHS, scale_path  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
 from sim.validate import (  # noqa: E402
+    OVERLOAD_DECODE_MAX_SEQS,
     STEADY_COMPLETIONS,
     Cell,
     Measured,
     cell_passes,
     cell_prompts,
+    engine_costs,
     fill_decode_max_context,
     load_measured,
     make_cells,
@@ -280,14 +282,14 @@ def test_a_run_compares_on_its_own_host_from_its_overload_passes(run, tmp_path):
     measured rows stay; it needs a measured profile and refuses --host-margin beside it."""
     out, _ = run
     profile = load_profile(out / "served.json")
-    factors = overload_path_factors(out, profile)
+    (factors,) = overload_path_factors(out, profile)  # one engine
     assert factors and all(path in PATHS for path in factors) and all(f > 0 for f in factors.values())
-    without_decodes = overload_path_factors(out, profile, decode_max_seqs=0)  # the CPU's eager decode steps
+    (without_decodes,) = overload_path_factors(out, profile, decode_max_seqs=0)  # the CPU's eager decode steps
     assert without_decodes.keys() <= factors.keys() and factors != pytest.approx(without_decodes)
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
                                            str(tmp_path / "own"), "--host-from-overload"])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "own" / "host_factors.json").read_text()) == pytest.approx(factors)
+    assert json.loads((tmp_path / "own" / "host_factors.json").read_text()) == [pytest.approx(factors)]
     assert "its host, served / predicted loop time: " in result.output
     original, own = (pd.read_csv(d / "validation.csv") for d in (out, tmp_path / "own"))
     for source in ("server", "client"):
@@ -396,6 +398,43 @@ def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
     balancer = make_balancer("random", cell.seed)
     assert served == [balancer.choose([None, None]) for _ in served]
     assert set(served) == {0, 1}
+
+
+def test_a_fleet_compares_each_engine_on_its_own_card(cpu_profile, run, tmp_path):
+    """A fleet that measures its own saturation rate (through its router) traces both engines in that overload run;
+    ``--host-from-overload`` then slows each simulated engine by its own passes there, not the pair's."""
+    earlier, _ = run
+    fleet = tmp_path / "fleet"
+    args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256", "--mix", MIX,
+            "--loads", "0.5", "-n", "8", "--warmup", "0", "--client-processes", "2", "--replicas", "2",
+            "--balancer", "round-robin", "--out", str(fleet)]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 0, result.output
+    assert "measured saturation" in result.output
+    profile = load_profile(earlier / "served.json")
+    factors = overload_path_factors(fleet, profile)
+    assert len(factors) == 2 and all(engine for engine in factors)
+    (_, overload, info), = [r for r in load_measured(fleet, "calibration")[1] if r[1].cell.load is None]
+    rows = pd.DataFrame(cell_passes(overload, read_traces(trace_files(fleet, "splitfuse-768-x2", 2))[0], profile))
+    rows = rows.dropna(subset=["loop_s", "predicted_s"])
+    rows = rows[(rows.prefill_tokens > 0) | (rows.num_seqs <= OVERLOAD_DECODE_MAX_SEQS)]
+    rows["scaled"] = [scale_path(path, decodes) for path, decodes in zip(rows.path, rows.decode_tokens)]
+    for engine, paths in enumerate(factors):  # each engine's own passes
+        for path, factor in paths.items():
+            mine = rows[(rows.replica == engine) & (rows.scaled == path)]
+            assert factor == pytest.approx(mine.loop_s.sum() / mine.predicted_s.sum())
+    result = CliRunner().invoke(validate, ["--from", str(fleet), "--profile", str(earlier / "served.json"),
+                                           "--out", str(tmp_path / "own"), "--host-from-overload"])
+    assert result.exit_code == 0, result.output
+    assert "engine 0, served / predicted" in result.output and "engine 1, served / predicted" in result.output
+    assert json.loads((tmp_path / "own" / "host_factors.json").read_text()) == [pytest.approx(f) for f in factors]
+
+
+def test_a_run_of_several_engines_takes_one_cost_or_one_per_engine():
+    assert engine_costs("a", 2) == ["a", "a"] and engine_costs(["a"], 2) == ["a", "a"]
+    assert engine_costs(["a", "b", "c"], 2) == ["a", "b"]
+    with pytest.raises(ValueError, match="2 cost models for a run of 3 engines"):
+        engine_costs(["a", "b"], 3)
 
 
 def test_a_fleet_needs_known_balancers():
