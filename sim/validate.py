@@ -395,15 +395,15 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
     rows = []
     costs = engine_costs(cost, len(passes))
     for replica, engine_passes in enumerate(passes):
-        cost = costs[replica]
-        card = cost.new_heat() if hasattr(cost, "new_heat") else None
-        attention = getattr(cost, "attention_seconds", None)
+        engine_cost = costs[replica]
+        card = engine_cost.new_heat() if hasattr(engine_cost, "new_heat") else None
+        attention = getattr(engine_cost, "attention_seconds", None)
         heats = prefill_heats(engine_passes, card.tau_s if card is not None else HEAT_TAU_S)
         # the passes since the last that waited for the GPU
         run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
         for i, p in enumerate(engine_passes):
             features = PassFeatures.from_mapping(p)
-            predicted = cost.predict(features) if card is None else cost.predict(features, heats[i])
+            predicted = engine_cost.predict(features) if card is None else engine_cost.predict(features, heats[i])
             attention_s = attention(features) if attention else float("nan")
             following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
             busy = following is not None and following - p["sent"] < 1e-3
@@ -916,9 +916,11 @@ def overload_path_factors(directory: Path, cost: CostModel,
     VALIDATION.md``, twenty-third and twenty-ninth rounds)."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
+    engines = 0
     for name, m, info in runs:
         if not is_saturation_run(m.cell) or traces.get(name) is None:
             continue
+        engines = max(engines, len(traces[name][0]))
         for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
             if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])):
                 continue
@@ -927,7 +929,6 @@ def overload_path_factors(directory: Path, cost: CostModel,
                 served[key] = served.get(key, 0.0) + row["loop_s"]
                 predicted[key] = predicted.get(key, 0.0) + row["predicted_s"]
                 count[key] = count.get(key, 0) + 1
-    engines = 1 + max((engine for engine, _ in served), default=-1)
     return [{path: served[e, path] / predicted[e, path] for e, path in sorted(served)
              if e == engine and count[e, path] >= MIN_PATH_PASSES} for engine in range(engines)]
 
@@ -1113,8 +1114,9 @@ def _command():
         own_hosts = {directory: overload_path_factors(directory, cost) for directory in measured} \
             if host_from_overload else {}
         for directory, factors in own_hosts.items():
-            if not factors:
-                raise click.ClickException(f"--host-from-overload: {directory} traced no overload run")
+            if not any(factors):
+                raise click.ClickException(f"--host-from-overload: {directory} traced no overload run with "
+                                           f"{MIN_PATH_PASSES} passes of a serving path")
         for directory in measured:
             into = out if len(measured) == 1 else out / _folder_name(directory)
             host = cost
