@@ -867,10 +867,15 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     return [dataclasses.replace(cell, repeat=r) for r in range(repeats) for cell in cells]
 
 
+def is_saturation_run(cell: Cell) -> bool:
+    """Whether a calibration run of ``cell`` measured a saturation rate: an overload run, of one engine or a fleet."""
+    return not cell.clients and cell.load is None
+
+
 def is_overload_run(cell: Cell) -> bool:
     """Whether a calibration run of ``cell`` is a single engine's overload run, the one that measured its saturation
     rate (not the closed-loop warm-up, not a fleet's)."""
-    return not cell.clients and cell.load is None and cell.replicas == 1
+    return is_saturation_run(cell) and cell.replicas == 1
 
 
 def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) -> list[MeasuredHost]:
@@ -896,11 +901,6 @@ def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) ->
 
 MIN_PATH_PASSES = 20  # fewer traced passes of a path than this give it no factor of its own
 OVERLOAD_DECODE_MAX_SEQS = 128  # decode steps of an overload run up to this batch are like a cell's below saturation
-
-
-def is_saturation_run(cell: Cell) -> bool:
-    """Whether a calibration run of ``cell`` measured a saturation rate: an overload run, of one engine or a fleet."""
-    return not cell.clients and cell.load is None
 
 
 def overload_path_factors(directory: Path, cost: CostModel,
