@@ -190,7 +190,8 @@ PARALLEL_MIN_REQUESTS = 20_000  # below this, starting worker processes costs mo
 def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int = 0, warmup: float = 0.0,
              cooldown: float = 0.0, progress: bool = False, workers: int | None = None,
              on_pass: Callable[[int, BatchPlan, float, float, float], None] | None = None,
-             token_times: bool = False, workload_seed: int | None = None) -> SimResult:
+             token_times: bool = False, workload_seed: int | None = None,
+             routes: Sequence[int] | None = None) -> SimResult:
     """Run one replication. ``warmup``/``cooldown``: shares of the requests (by arrival order) left out of
     the statistics. An open-loop workload without a rate runs at its ``load`` x the estimated capacity
     (``sim.saturation.with_rate``); ``result.meta["workload"]`` is the workload as run. ``token_times``: keep
@@ -204,6 +205,9 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
 
     ``on_pass(replica, plan, start, end, delivered)`` is called after every simulated pass, before the scheduler
     applies it, with when its tokens reach their clients (a pass-level trace; the run then stays in this process).
+
+    ``routes``: the replica of each request (by its index in the workload), decided beforehand instead of by the
+    balancer, e.g. a real router's choices: the replicas' own error apart from the routing's.
     """
     costs = config.costs()
     if isinstance(workload, Workload):
@@ -217,15 +221,20 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     check_fits(table, costs, config)
+    if routes is not None:
+        if len(routes) != n or not all(isinstance(r, (int, np.integer)) and 0 <= r < len(costs) for r in routes):
+            raise ValueError(f"routes must give each of the {n} requests a replica index in [0, {len(costs)}), "
+                             f"got {len(routes)} routes")
+        routes = [int(r) for r in routes]
     log_args = (int(n * warmup), n - int(n * cooldown), token_times)  # RequestLog(measured from, to, token times)
     if workers is None:
         workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
     workers = min(workers, len(costs))
-    if (workers > 1 and not clients and on_pass is None and config.policy.balancer in STATE_FREE_BALANCERS
-            and _can_fork()):
+    if (workers > 1 and not clients and on_pass is None and routes is None
+            and config.policy.balancer in STATE_FREE_BALANCERS and _can_fork()):
         log, stats = _simulate_parallel(table, costs, config, seed, log_args, workers, progress)
     else:
-        log, stats = _run(table, costs, config, seed, log_args, clients, progress, on_pass=on_pass)
+        log, stats = _run(table, costs, config, seed, log_args, clients, progress, choices=routes, on_pass=on_pass)
     meta = {"workload": workload if isinstance(workload, Workload) else None, "warmup": warmup, "cooldown": cooldown}
     return _result(log, stats, config, seed, meta)
 
@@ -307,6 +316,9 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
 
     def report_kv_usage():
         # The router hears each replica's KV usage from its periodic health checks, and adds what it sent since.
+        # Its checks keep their own clock, which the workload does not start: the first comes at a phase the seed
+        # draws (least-kv's choices, and a run's TTFT near saturation, depend on it).
+        yield env.timeout(float(np.random.default_rng([seed, 0x4B56]).uniform(0, config.policy.kv_report_interval)))
         while len(log) < n:
             for replica in replicas:
                 if replica is not None:

@@ -163,7 +163,7 @@ def test_the_serving_paths_delays_fall_on_the_clients_times(clients):
 
 def test_least_kv_adds_the_tokens_sent_since_the_last_report():
     """The router hears KV usage from its health checks (every ``kv_report_interval`` seconds) and adds the tokens
-    it sent since: even with one report, at time 0, least-kv spreads requests instead of sending them all to the
+    it sent since: even with one report a minute, least-kv spreads requests instead of sending them all to the
     replica that was emptiest then; reported often, it spreads them too."""
     workload = small_workload(n=200, rate=40.0)  # 5 s of arrivals
 
@@ -176,3 +176,33 @@ def test_least_kv_adds_the_tokens_sent_since_the_last_report():
     assert counts(0.01).min() > 60
     with pytest.raises(ValueError, match="kv-report-interval"):
         PolicyConfig(kv_report_interval=0)
+
+
+def test_the_routers_health_checks_start_at_a_phase_the_seed_draws():
+    """The router's health checks keep their own clock: least-kv's choices change with the seed (with no pass-time
+    noise, the phase of its KV reports is all the seed draws), and are the same for the same seed; a balancer that
+    reads no reports routes alike whatever the seed."""
+    workload = small_workload(n=120, rate=40.0)
+
+    def routes(balancer, seed):
+        config = ClusterConfig(SMALL, replicas=2, policy=PolicyConfig(balancer=balancer), noise=False)
+        return np.asarray(simulate(workload, config, seed=seed, workload_seed=0).columns["replica"]).tolist()
+
+    kv = [routes("least-kv", seed) for seed in range(4)]
+    assert kv[0] == routes("least-kv", 0)
+    assert len({tuple(r) for r in kv}) > 1
+    assert len({tuple(routes("least-requests", seed)) for seed in range(4)}) == 1
+
+
+def test_given_routes_send_each_request_to_its_replica():
+    """``routes`` (a real router's choices, say) override the balancer; a route for each request, to a replica that
+    exists, or a clear error."""
+    workload = small_workload(n=30)
+    config = ClusterConfig(SMALL, replicas=3, policy=PolicyConfig(balancer="least-requests"))
+    given = [i * 7 % 3 for i in range(30)]
+    result = simulate(workload, config, seed=2, routes=np.array(given))
+    by_id = dict(zip(result.columns["id"].tolist(), result.columns["replica"].tolist()))
+    assert [by_id[i] for i in range(30)] == given
+    for bad in (given[:-1], [*given[:-1], 3], [*given[:-1], 1.0]):
+        with pytest.raises(ValueError, match="routes must give each of the 30 requests a replica index"):
+            simulate(workload, config, seed=2, routes=bad)
