@@ -24,7 +24,9 @@ error against each measured view, and whether the cell is within the bounds it i
 measured and predicted seconds), ``delivery.csv`` (per request: server and client first-token and finish times)
 and ``report.html``. A grid run with ``--repeats`` sends each cell's requests that many times (fresh prompt tokens,
 the same lengths and arrival times) and also writes ``errors_repeats.csv``: the simulator against the mean of the
-repeats, beside the repeats' own spread (the engine against itself on the same requests).
+repeats, beside the repeats' own spread (the engine against itself on the same requests). A fleet's cells also run
+through the simulator on the routes its router took (the trace names each request's engine): ``routing.csv`` sets
+the simulator's error with its own balancer's routes beside its error with the measured router's.
 """
 
 from __future__ import annotations
@@ -251,16 +253,17 @@ def trace_files(out: Path, server: str, replicas: int) -> list[Path]:
 
 
 def read_traces(paths: list[Path]) -> tuple[list[list[dict]], dict[str, dict]]:
-    """([passes in order] per engine, finished requests of all engines by id) of ``PassTrace`` files."""
+    """([passes in order] per engine, finished requests of all engines by id, each with the ``engine`` that served
+    it) of ``PassTrace`` files."""
     passes, requests = [], {}
-    for path in paths:
+    for engine, path in enumerate(paths):
         passes.append([])
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if row.pop("kind") == "pass":
                 passes[-1].append(row)
             else:
-                requests[row["id"]] = row
+                requests[row["id"]] = {**row, "engine": engine}
     return passes, requests
 
 
@@ -439,11 +442,13 @@ def engine_costs(cost, engines: int) -> list:
 
 
 def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None = None,
-              first_id: int = 0, server_view: bool = True) -> tuple[dict, dict | None, list[int]]:
+              first_id: int = 0, server_view: bool = True,
+              routes: list[int] | None = None) -> tuple[dict, dict | None, list[int]]:
     """The simulator's summary of the cell's workload (of its requests from ``first_id`` on), the same run's server
     view (``at_pass_ends``; None without ``server_view``) and its tokens per pass. ``seed`` (default the cell's)
     draws pass-time noise and serving delays; the workload is the cell's whatever the seed. A fleet's requests and
-    tokens pass through the router ``splitfuse serve --replicas N`` runs (``sim.router.SERVE_ROUTER``)."""
+    tokens pass through the router ``splitfuse serve --replicas N`` runs (``sim.router.SERVE_ROUTER``); ``routes``
+    sends each request to the replica given instead of the one the balancer picks (``sim.cluster.simulate``)."""
     tokens: list[int] = []
     pass_end: dict[float, float] = {}  # when a pass's tokens reach the client -> when the pass ended
 
@@ -454,7 +459,7 @@ def simulated(cell: Cell, rate: float | None, cost: ServedCost, seed: int | None
 
     result = simulate(cell.workload(rate), ClusterConfig(cost, cell.replicas, cell.policy, router=SERVE_ROUTER),
                       seed=cell.seed if seed is None else seed, workload_seed=cell.seed, on_pass=on_pass,
-                      token_times=server_view)
+                      token_times=server_view, routes=routes)
     keep = result.columns["measured"] & (result.columns["id"] >= first_id) if first_id else None
     server = summarize(at_pass_ends(result, pass_end), SLA(), keep) if server_view else None
     return summarize(result, SLA(), keep), server, tokens
@@ -491,6 +496,35 @@ def seed_spread(cell: Cell, rate: float | None, cost: ServedCost, seeds: int, ow
         rows.append({**cell.keys(), "metric": metric, "seeds": seeds, "mean": values.mean(), "std": values.std(),
                      "min": values.min(), "max": values.max()})
     return rows
+
+
+def measured_routes(measured: Measured, trace_requests: dict[str, dict]) -> list[int]:
+    """The engine the fleet's router sent each of the cell's requests to (by workload index), from the trace."""
+    routes = {r.id: trace_requests[r.response_id]["engine"] for r in measured.records if r.response_id in
+              trace_requests}
+    if sorted(routes) != list(range(len(measured.records))):
+        raise RuntimeError(f"the pass trace misses {len(measured.records) - len(routes)} of the cell's "
+                           f"{len(measured.records)} requests: their routes are unknown")
+    return [routes[i] for i in range(len(routes))]
+
+
+def routing_errors(frame):
+    """For a fleet's cells: the simulator's relative error against the client's view with its own balancer's routes
+    (``routes`` "balancer", source "sim") and with the measured router's ("measured", "sim-routed"). What the
+    first has and the second lacks is the routing's share of the error; what both have, the replicas'."""
+    import pandas as pd
+
+    metrics = [c for c in frame.columns if c not in (*CELL_KEYS, "rate", "source", "requests")]
+    keyed = frame.assign(load=frame["load"].fillna(-1)).set_index(list(CELL_KEYS))
+    measured = keyed[keyed.source == "client"][metrics]
+    rows = []
+    for source, routes in (("sim", "balancer"), ("sim-routed", "measured")):
+        sim = keyed[keyed.source == source][metrics]
+        error = (sim - measured.loc[sim.index]) / measured.loc[sim.index]
+        rows.append(error.assign(routes=routes).reset_index())
+    out = pd.concat(rows, ignore_index=True).sort_values([*CELL_KEYS, "routes"], ignore_index=True)
+    out["load"] = out["load"].where(out["load"] >= 0)
+    return out
 
 
 def first_requests(cell: Cell, processes: int) -> int:
@@ -711,7 +745,7 @@ def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None
     out.mkdir(parents=True, exist_ok=True)
     meta, cells, traces = load_measured(directory)
     processes = int(meta.get("client_processes", 1))
-    rows, passes_rows, delivery_rows, spread_rows = [], [], [], []
+    rows, passes_rows, delivery_rows, spread_rows, routed_rows = [], [], [], [], []
     simulations = {}  # a cell's repeats run the same requests: one simulation serves them all
     for name, m, info in cells:
         served = [ServedCost(c, info["kv_total_blocks"], info["max_model_len"])
@@ -736,6 +770,10 @@ def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None
             rows.append({**m.cell.keys(), "rate": m.rate, "source": source, **metric_columns(summary)})
         if trace_requests is None:
             continue
+        if m.cell.replicas > 1:
+            routed = simulated(m.cell, m.rate, served, first_id=first, server_view=False,
+                               routes=measured_routes(m, trace_requests))[0]
+            routed_rows.append({**m.cell.keys(), "rate": m.rate, "source": "sim-routed", **metric_columns(routed)})
         for r, s in zip(kept, cell_views["server"].columns["first_token"]):
             delivery_rows.append({**m.cell.keys(), "id": r.id, "server_first_token": s,
                                   "client_first_token": r.chunk_times[0],
@@ -753,6 +791,10 @@ def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None
     delivery.to_csv(out / "delivery.csv", index=False)
     if spread_rows:
         pd.DataFrame(spread_rows).to_csv(out / "sim_seeds.csv", index=False)
+    routing = None
+    if routed_rows:
+        routing = routing_errors(pd.concat([frame, pd.DataFrame(routed_rows)], ignore_index=True))
+        routing.to_csv(out / "routing.csv", index=False)
     first = cost[0] if isinstance(cost, (list, tuple)) else cost
     profile_meta = first.meta if first is cost else \
         {**first.meta, "host_path_factors": [c.meta.get("host_path_factors") for c in cost]}
@@ -761,7 +803,8 @@ def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None
     from sim.validation_report import write_report
 
     write_report(out / "report.html", frame, errors, passes, delivery, report_meta)
-    return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery, "repeats": repeated}
+    return {"validation": frame, "errors": errors, "passes": passes, "delivery": delivery, "repeats": repeated,
+            "routing": routing}
 
 
 def relative_errors(frame):
@@ -1137,6 +1180,13 @@ def _command():
                 click.echo(f"each cell's mean of its repeats within the bounds (errors_repeats.csv): "
                            f"{_judged(repeats)}; the repeats' spread (client, median over cells): TPOT mean "
                            f"{client.tpot_mean_spread.median():.1%}, TTFT mean {client.ttft_mean_spread.median():.1%}")
+            routing = compared["routing"]
+            if routing is not None:
+                size = routing[["ttft_mean", "tpot_mean", "e2e_mean"]].abs().groupby(routing.routes).mean()
+                click.echo("fleet cells, mean |error| against the client with the balancer's routes / the measured "
+                           "router's (routing.csv): " + ", ".join(
+                               f"{metric} {size.at['balancer', metric]:.1%} / {size.at['measured', metric]:.1%}"
+                               for metric in size.columns))
             click.echo(f"wrote {into}/validation.csv, errors.csv, passes.csv, delivery.csv, report.html")
 
     return validate

@@ -398,6 +398,14 @@ def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
     balancer = make_balancer("random", cell.seed)
     assert served == [balancer.choose([None, None]) for _ in served]
     assert set(served) == {0, 1}
+    # routing.csv: every cell simulated with its balancer's routes and with the measured router's; where the two
+    # agree (the one-client random cell), so do the simulator's errors
+    routing = pd.read_csv(tmp_path / "routing.csv")
+    assert len(routing) == 2 * 2 * 2 and sorted(routing.routes.unique()) == ["balancer", "measured"]
+    assert "fleet cells, mean |error| against the client" in result.output
+    same = routing[(routing.balancer == "random") & (routing.clients == 1)].set_index("routes")
+    metrics = ["ttft_mean", "tpot_mean", "e2e_mean", "throughput_rps"]
+    assert same.loc["balancer", metrics].to_numpy() == pytest.approx(same.loc["measured", metrics].to_numpy())
     # its saturation rate came from the earlier run: no overload run of its own to measure its cards on
     result = CliRunner().invoke(validate, ["--from", str(tmp_path), "--profile", str(earlier / "served.json"),
                                            "--out", str(tmp_path / "own"), "--host-from-overload"])
