@@ -133,7 +133,8 @@ class _Loads(Sequence):
     def __getitem__(self, i: int) -> ReplicaLoad:
         r = self.replicas[i]
         kv = estimate_kv_usage(r.reported_kv_usage, r.outstanding_tokens, r.reported_outstanding_tokens,
-                               r.kv_capacity_tokens) if self.reads_kv_usage else r.reported_kv_usage
+                               r.kv_capacity_tokens, r.reported_unstarted_tokens) \
+            if self.reads_kv_usage else r.reported_kv_usage
         return ReplicaLoad(r.outstanding_requests, r.outstanding_tokens, kv)
 
 
@@ -324,6 +325,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
                 if replica is not None:
                     replica.reported_kv_usage = replica.kv_usage_now
                     replica.reported_outstanding_tokens = replica.outstanding_tokens
+                    replica.reported_unstarted_tokens = replica.unstarted_tokens
             yield env.timeout(config.policy.kv_report_interval)
 
     if clients:

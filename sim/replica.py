@@ -40,6 +40,7 @@ class Replica:
         self.router_delivery_s = router_delivery_s  # the fleet router's hop on a token's way out
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
+        self.unstarted_tokens = 0  # prompt tokens of the requests sent here that have no token yet
         self.num_requests = 0
         self.busy_time = 0.0
         self.decode_context = 0  # summed over passes
@@ -51,6 +52,7 @@ class Replica:
         self._idle: simpy.Event | None = None
         self.reported_kv_usage = 0.0  # as the balancer last heard it (``PolicyConfig.kv_report_interval``)
         self.reported_outstanding_tokens = 0  # outstanding_tokens then
+        self.reported_unstarted_tokens = 0  # unstarted_tokens then
         self.kv_capacity_tokens = self.scheduler.stats().kv_capacity_tokens
         self.process = env.process(self.run())
 
@@ -64,6 +66,7 @@ class Replica:
         self.num_requests += 1
         self.outstanding_requests += 1
         self.outstanding_tokens += request.num_prompt_tokens + request.max_tokens
+        self.unstarted_tokens += request.num_prompt_tokens
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
 
@@ -119,6 +122,9 @@ class Replica:
                 self.on_pass(self.index, plan, now, end, delivered)
             now = end
             finished = sched.update(plan, None, delivered)
+            for i in range(plan.num_decodes, len(plan.requests)):  # a prompt's end samples the request's first token
+                if plan.samples[i] and plan.requests[i].num_output_tokens == 1:
+                    self.unstarted_tokens -= plan.requests[i].num_prompt_tokens
             if sched.num_passes % self._kv_stride == 0:
                 self._record_kv(now)
             if finished:

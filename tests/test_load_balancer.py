@@ -27,6 +27,8 @@ def test_kv_usage_between_reports_adds_the_tokens_sent_since():
     assert estimate_kv_usage(0.25, 3000, 1000, 8000) == pytest.approx(0.5)  # 2,000 tokens more of 8,000
     assert estimate_kv_usage(0.25, 0, 4000, 8000) == 0.0  # more finished than sent: never below empty
     assert estimate_kv_usage(0.25, 3000, 1000, 0) == 0.25  # capacity unknown: the report alone
+    # 1,000 prompt tokens had not started at the report (no KV blocks yet): they count on top of it
+    assert estimate_kv_usage(0.25, 3000, 3000, 8000, unstarted_at_report=1000) == pytest.approx(0.375)
     # least-kv alternates between two replicas that reported the same usage, as their estimates grow in turn
     b, sent = make_balancer("least-kv"), [0, 0]
     for _ in range(6):

@@ -4,11 +4,13 @@ arrival processes."""
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
-from engine.policy import PolicyConfig
+from engine.policy import PolicyConfig, Request, SamplingParams
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost, LinearCost, load_cost_model
 from sim.metrics import summarize
+from sim.replica import Replica
 from sim.saturation import estimate_capacity
 from sim.workload import LengthDist, RequestTable, Workload
 
@@ -206,3 +208,20 @@ def test_given_routes_send_each_request_to_its_replica():
     for bad in (given[:-1], [*given[:-1], 3], [*given[:-1], 1.0]):
         with pytest.raises(ValueError, match="routes must give each of the 30 requests a replica index"):
             simulate(workload, config, seed=2, routes=bad)
+
+
+def test_a_replica_counts_a_prompt_unstarted_until_its_first_token():
+    """What least-kv adds to a replica's KV report: the prompts it holds no token of yet, as the router counts them
+    (sent, nothing streamed back)."""
+    env = simpy.Environment()
+    replica = Replica(env, 0, SMALL, PolicyConfig(token_budget=256), noise=False, on_finish=lambda request, r: None)
+    requests = [Request(i, None, SamplingParams(max_tokens=3, ignore_eos=True), 0.0, num_prompt_tokens=500)
+                for i in range(3)]
+    for request in requests:
+        replica.submit(request)
+    seen = {replica.unstarted_tokens}
+    while env.peek() < float("inf"):
+        env.step()
+        assert replica.unstarted_tokens == sum(r.num_prompt_tokens for r in requests if r.num_output_tokens == 0)
+        seen.add(replica.unstarted_tokens)
+    assert {1500, 0} < seen  # in chunks of 256 tokens, not all at once

@@ -58,7 +58,7 @@ class _PolicyFields:
         "power-of-two."))
     kv_report_interval: float = field(default=1.0, metadata=option_metadata(
         "Seconds between a replica's reports of its KV cache usage to the balancer (the router's health checks): "
-        "least-kv picks by the last report plus the tokens sent since."))
+        "least-kv picks by the last report, plus the prompts not started then, plus the tokens sent since."))
 
     def __post_init__(self) -> None:
         # The scheduler and balancer names are checked where they are looked up (``make_scheduler``,

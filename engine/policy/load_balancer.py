@@ -27,14 +27,18 @@ class ReplicaLoad:
 
 
 def estimate_kv_usage(reported: float, outstanding_tokens: int, outstanding_at_report: int,
-                      capacity_tokens: int) -> float:
+                      capacity_tokens: int, unstarted_at_report: int = 0) -> float:
     """A replica's KV usage as a balancer can know it: the ``reported`` share (replicas report only now and then,
-    with the router's health checks), plus the outstanding tokens it gained since (sent less finished) as a share
-    of its ``capacity_tokens`` (0: unknown, the report alone). On the report alone least-kv herds: every request
-    between two reports goes to the replica that was emptiest at the first."""
+    with the router's health checks), plus the prompt tokens of its requests that had not started at the report
+    (``unstarted_at_report``: sent, no token back yet), plus the outstanding tokens it gained since (sent less
+    finished), as shares of its ``capacity_tokens`` (0: unknown, the report alone).
+
+    On the report alone least-kv herds: every request between two reports goes to the replica that was emptiest at
+    the first. Without the unstarted prompts it herds near saturation: a replica that was just sent a run of
+    requests holds few of their KV blocks yet (their prompts wait), so at the next report it reads emptiest again."""
     if capacity_tokens <= 0:
         return reported
-    return max(0.0, reported + (outstanding_tokens - outstanding_at_report) / capacity_tokens)
+    return max(0.0, reported + (unstarted_at_report + outstanding_tokens - outstanding_at_report) / capacity_tokens)
 
 
 class LoadBalancer:

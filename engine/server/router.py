@@ -54,8 +54,10 @@ class Replica:
     dead: bool = False  # its process exited and its restarts are spent: out of rotation for good
     outstanding_requests: int = 0
     outstanding_tokens: int = 0
+    unstarted_tokens: int = 0  # prompt tokens of the requests sent that have streamed no token yet
     kv_usage: float = 0.0  # as the last health check reported it
     outstanding_at_report: int = 0  # outstanding_tokens then
+    unstarted_at_report: int = 0  # unstarted_tokens then
     kv_capacity_tokens: int = 0
     failures: int = 0
     restarts: int = 0
@@ -63,7 +65,8 @@ class Replica:
 
     def load(self) -> ReplicaLoad:
         return ReplicaLoad(self.outstanding_requests, self.outstanding_tokens, estimate_kv_usage(
-            self.kv_usage, self.outstanding_tokens, self.outstanding_at_report, self.kv_capacity_tokens))
+            self.kv_usage, self.outstanding_tokens, self.outstanding_at_report, self.kv_capacity_tokens,
+            self.unstarted_at_report))
 
     def exited(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -77,16 +80,38 @@ class Replica:
                 "outstanding_tokens": self.outstanding_tokens, "kv_usage": self.kv_usage}
 
 
-def estimate_tokens(raw: bytes) -> tuple[bool, int]:
-    """(stream?, prompt + requested output tokens) of a request body, roughly (4 characters a token)."""
+class Sent:
+    """A request sent to a replica, in that replica's load from the moment it is sent: outstanding until it finishes
+    (``release``), its prompt unstarted until its first token is back (``start``)."""
+
+    def __init__(self, replica: Replica, prompt_tokens: int, output_tokens: int) -> None:
+        self.replica, self.prompt_tokens, self.tokens = replica, prompt_tokens, prompt_tokens + output_tokens
+        self.started = False
+        replica.outstanding_requests += 1
+        replica.outstanding_tokens += self.tokens
+        replica.unstarted_tokens += prompt_tokens
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.replica.unstarted_tokens -= self.prompt_tokens
+
+    def release(self) -> None:
+        self.start()
+        self.replica.outstanding_requests -= 1
+        self.replica.outstanding_tokens -= self.tokens
+
+
+def estimate_tokens(raw: bytes) -> tuple[bool, int, int]:
+    """(stream?, prompt tokens, requested output tokens) of a request body, roughly (4 characters a token)."""
     try:
         body = json.loads(raw)
         prompt = body.get("prompt", body.get("messages", ""))
         n = len(prompt) if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) \
             else len(json.dumps(prompt)) // 4
-        return bool(body.get("stream")), n + int(body.get("max_tokens") or 16)
+        return bool(body.get("stream")), n, int(body.get("max_tokens") or 16)
     except Exception:  # the replica answers the 400; here only the routing estimate is at stake
-        return False, 0
+        return False, 0, 0
 
 
 class Router:
@@ -160,6 +185,7 @@ class Router:
                 health = r.json()
                 replica.kv_usage = float(health.get("kv_usage", 0.0))
                 replica.outstanding_at_report = replica.outstanding_tokens
+                replica.unstarted_at_report = replica.unstarted_tokens
                 replica.kv_capacity_tokens = int(health.get("kv_capacity_tokens", 0))
         except (httpx.HTTPError, ValueError):
             ok = False
@@ -176,7 +202,7 @@ class Router:
         if self.draining:
             return error_response(APIError("the server is shutting down", status=503, type="server_error"))
         raw = await request.body()
-        stream, tokens = await asyncio.to_thread(estimate_tokens, raw) if len(raw) > 1 << 16 \
+        stream, prompt_tokens, output_tokens = await asyncio.to_thread(estimate_tokens, raw) if len(raw) > 1 << 16 \
             else estimate_tokens(raw)
         headers = {"content-type": request.headers.get("content-type", "application/json")}
         if "authorization" in request.headers:
@@ -185,12 +211,8 @@ class Router:
         last = "no replica is healthy"
         while (replica := self.pick(tried)) is not None:
             tried.add(replica.index)
-            replica.outstanding_requests += 1
-            replica.outstanding_tokens += tokens
-
-            def release(replica=replica) -> None:
-                replica.outstanding_requests -= 1
-                replica.outstanding_tokens -= tokens
+            sent = Sent(replica, prompt_tokens, output_tokens)
+            release = sent.release
 
             try:
                 resp = await self.client.send(
@@ -205,6 +227,7 @@ class Router:
                 if streaming:
                     chunks = resp.aiter_raw()
                     first = await chunks.__anext__()  # nothing reached the client yet: still retryable
+                    sent.start()
                 else:
                     content = await resp.aread()
             except (httpx.TransportError, StopAsyncIteration) as e:

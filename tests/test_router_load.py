@@ -1,0 +1,50 @@
+"""The router's view of a replica's load, without processes: what least-kv reads between health reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from engine.server.router import Replica, Router, Sent
+
+
+def test_a_prompt_counts_as_unstarted_until_its_first_token_is_back():
+    replica = Replica(0, "http://r0")
+    a, b = Sent(replica, 1000, 100), Sent(replica, 500, 50)
+    assert (replica.outstanding_requests, replica.outstanding_tokens, replica.unstarted_tokens) == (2, 1650, 1500)
+    a.start()
+    a.start()  # once only
+    assert replica.unstarted_tokens == 500
+    a.release()
+    b.release()  # failed or answered whole before streaming: its prompt leaves the count too
+    assert (replica.outstanding_requests, replica.outstanding_tokens, replica.unstarted_tokens) == (0, 0, 0)
+
+
+def test_a_health_report_keeps_the_prompts_a_replica_has_not_started():
+    """A replica just sent a run of requests holds few of their KV blocks at the next report (their prompts wait):
+    least-kv counts those prompts on top of the report, so it does not read that replica as the emptiest again."""
+
+    async def scenario():
+        usage = {"r0": 0.30, "r1": 0.10}
+
+        def health(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, json={"status": "ok", "kv_usage": usage[request.url.host],
+                                             "kv_capacity_tokens": 10_000})
+
+        router = Router([Replica(0, "http://r0"), Replica(1, "http://r1")], balancer="least-kv")
+        router.client = httpx.AsyncClient(transport=httpx.MockTransport(health))
+        r0, r1 = router.replicas
+        waiting = [Sent(r1, 1500, 100) for _ in range(2)]
+        await asyncio.gather(*(router.check(r) for r in router.replicas))
+        assert r0.healthy and r1.healthy
+        assert r1.load().kv_usage == pytest.approx(0.10 + 3000 / 10_000)
+        assert router.pick(set()) is r0
+        waiting[0].start()  # started since the report: the report stands until the next one
+        assert r1.load().kv_usage == pytest.approx(0.40)
+        Sent(r0, 1500, 100)
+        assert r0.load().kv_usage == pytest.approx(0.30 + 1600 / 10_000)
+        await router.client.aclose()
+
+    asyncio.run(scenario())
