@@ -212,13 +212,12 @@ class Router:
         while (replica := self.pick(tried)) is not None:
             tried.add(replica.index)
             sent = Sent(replica, prompt_tokens, output_tokens)
-            release = sent.release
 
             try:
                 resp = await self.client.send(
                     self.client.build_request("POST", replica.url + path, content=raw, headers=headers), stream=True)
             except httpx.TransportError as e:
-                release()
+                sent.release()
                 self.suspect(replica)
                 last, self.retries = f"replica {replica.index} unreachable: {e!r}", self.retries + 1
                 continue
@@ -232,22 +231,22 @@ class Router:
                     content = await resp.aread()
             except (httpx.TransportError, StopAsyncIteration) as e:
                 await resp.aclose()
-                release()
+                sent.release()
                 self.suspect(replica)
                 last, self.retries = f"replica {replica.index} failed before answering: {e!r}", self.retries + 1
                 continue
             except BaseException:
                 await resp.aclose()
-                release()
+                sent.release()
                 raise
             if not streaming:
                 await resp.aclose()
-                release()
+                sent.release()
                 if resp.status_code in RETRY_STATUSES and len(tried) < len(self.replicas):
                     last, self.retries = f"replica {replica.index} answered {resp.status_code}", self.retries + 1
                     continue
                 return Response(content, status_code=resp.status_code, media_type=resp.headers.get("content-type"))
-            relay = self._relay(replica, resp, first, chunks, release)
+            relay = self._relay(replica, resp, first, chunks, sent.release)
             return StreamingResponse(relay, media_type="text/event-stream")
         err = APIError(f"no replica could serve the request (tried {len(tried)}): {last}", status=503,
                        type="server_error")
