@@ -8,15 +8,16 @@ the SLA met (a share of requests) in steady state, on a host as slow as the prof
    the profile's slowest measured host) and on the profile's own passes (a typical host): each answer (the highest
    rate shown to meet) and where it was shown to miss. Writes ``plan_rates.json``.
 2. ``run MODEL`` (GPU): `splitfuse serve` with the policy, a closed-loop warm-up, then an open-loop Poisson run of
-   ``--seconds`` at each of those rates (fresh seeded requests each, as `splitfuse validate` sends them). Then
-   ``compare``.
+   ``--requests`` at each of those rates (or ``--rates``): the same seeded requests at every rate, their arrival
+   times scaled by it (common random numbers: the rates differ by the rate alone, not by which requests came), each
+   run with prompt tokens of its own (as `splitfuse validate`'s repeats: no prefix cache hit). Then ``compare``.
 3. ``compare`` (CPU, also run by ``run``; ``--from DIR`` again): each measured run simulated on the same requests,
    on both hosts, and judged alike per SLA: the share of all requests that met it, and the growth of TTFT over the
    run (s per s of arrivals; a queue that grows shows there first). Prints a table, writes ``plan_check.csv`` and
    ``plan_check_<card>.json`` (card, versions, date) into the run's folder.
 
     python -m benchmarks.plan_check_gpu plan --profile llama-2-7b-h200-bf16 --out runs/pc/plan_rates.json
-    python -m benchmarks.plan_check_gpu run llama-2-7b --rates-from runs/pc/plan_rates.json --out runs/pc
+    python -m benchmarks.plan_check_gpu run llama-2-7b --rates-from runs/pc/plan_rates.json --requests 300 --out runs/pc
     python -m benchmarks.plan_check_gpu compare --from runs/pc
 
 A run is finite and starts empty: a rate a little above what the card sustains still meets a loose SLA for a while,
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import run_metadata, write_results
+from benchmarks.common import number_list, run_metadata, write_results
 
 # The SLAs checked by default: the plan's own (FastGen's, 90% of requests), and a latency goodput as `vllm bench
 # serve --goodput` states one, which binds below saturation.
@@ -104,14 +105,14 @@ def rates_to_run(plan: dict) -> list[float]:
 
 
 # -- 2. the real card ----------------------------------------------------------------------------------------
-def measure(model: str, plan: dict, rates: list[float], seconds: float, seed: int, out: Path, engine_options: dict,
+def measure(model: str, plan: dict, rates: list[float], requests: int, seed: int, out: Path, engine_options: dict,
             processes: int, timeout: float) -> None:
-    """Serve each rate for ``seconds`` on a fresh `splitfuse serve`; write ``measured.json``."""
+    """Serve ``requests`` at each rate on a fresh `splitfuse serve`; write ``measured.json``."""
     from sim.validate import Cell, Server, send_cell
 
     out.mkdir(parents=True, exist_ok=True)
     mix_name, prompt, output = plan["mix"]
-    cell = Cell(plan["scheduler"], plan["token_budget"], mix_name, prompt, output, num_requests=64)
+    cell = Cell(plan["scheduler"], plan["token_budget"], mix_name, prompt, output, num_requests=requests, seed=seed)
     runs = []
 
     def keep(info: dict) -> None:  # after every run: a run cut short keeps what it served
@@ -120,10 +121,10 @@ def measure(model: str, plan: dict, rates: list[float], seconds: float, seed: in
 
     with Server(model, cell.policy, engine_options, None, out / "server.log") as server:
         print(f"server ready: {server.info['kv_total_blocks']} KV blocks, context {server.info['max_model_len']}")
-        warm = dataclasses.replace(cell, clients=16, seed=10_007)  # as validate warms up: kernels compile
+        warm = dataclasses.replace(cell, num_requests=64, clients=16, seed=10_007)  # as validate's: kernels compile
         send_cell(server, warm, None, processes, timeout)
         for i, rate in enumerate(rates):
-            run = dataclasses.replace(cell, num_requests=max(50, int(rate * seconds)), seed=seed + i)
+            run = dataclasses.replace(cell, repeat=i)
             measured = send_cell(server, run, rate, processes, timeout)
             runs.append({"cell": dataclasses.asdict(run), "rate": rate,
                          "records": [dataclasses.asdict(r) for r in measured.records]})
@@ -219,8 +220,10 @@ def main(argv=None) -> None:
     r = sub.add_parser("run", help="serve the plan's rates on this machine's GPU, then compare")
     r.add_argument("model")
     r.add_argument("--rates-from", type=Path, required=True, help="plan_rates.json of the plan step")
-    r.add_argument("--seconds", type=float, default=60.0, help="of arrivals at each rate")
-    r.add_argument("--seed", type=int, default=0, help="of the first run's requests (the next +1, ...)")
+    r.add_argument("--rates", type=number_list(float), default=None,
+                   help="req/s to serve instead of the plan's answers, e.g. 5.967,7.602")
+    r.add_argument("--requests", type=int, default=300, help="served at each rate (the same ones)")
+    r.add_argument("--seed", type=int, default=0, help="of the requests")
     r.add_argument("--client-processes", type=int, default=4)
     r.add_argument("--device", default=None)
     r.add_argument("--num-kv-blocks", type=int, default=None)
@@ -243,7 +246,7 @@ def main(argv=None) -> None:
     elif args.step == "run":
         plan = json.loads(args.rates_from.read_text())
         options = {k: v for k, v in (("device", args.device), ("num_kv_blocks", args.num_kv_blocks)) if v}
-        measure(args.model, plan, rates_to_run(plan), args.seconds, args.seed, args.out, options,
+        measure(args.model, plan, args.rates or rates_to_run(plan), args.requests, args.seed, args.out, options,
                 args.client_processes, timeout=600.0)
         report(args.out)
     else:
