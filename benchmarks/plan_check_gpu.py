@@ -1,12 +1,12 @@
 """Does `splitfuse plan`'s answer hold on a real card? The plan's per-replica rate, served by the real engine.
 
 `splitfuse plan` sizes a fleet from each replica's sustainable rate: the highest rate at which the simulator shows
-the SLA met (a share of requests) in steady state, on a host as slow as the profile's slowest measured one
-(``sim.plan.replica_capacity``). This check runs that search, then serves its rates on a real card:
+the SLA met (a share of requests) in steady state, on a host as slow as the profile's slowest measured run of the
+workload's mix (``sim.plan.replica_capacity``). This check runs that search, then serves its rates on a real card:
 
 1. ``plan`` (CPU): for each SLA, the search on the plan's host (``--host-margin`` as the plan takes it; default
-   the profile's slowest measured host) and on the profile's own passes (a typical host): each answer (the highest
-   rate shown to meet) and where it was shown to miss. Writes ``plan_rates.json``.
+   the profile's slowest measured run of the mix) and on the profile's own passes (a typical host): each answer
+   (the highest rate shown to meet) and where it was shown to miss. Writes ``plan_rates.json``.
 2. ``run MODEL`` (GPU): `splitfuse serve` with the policy, a closed-loop warm-up, then an open-loop Poisson run of
    ``--requests`` at each of those rates (or ``--rates``): the same seeded requests at every rate, their arrival
    times scaled by it (common random numbers: the rates differ by the rate alone, not by which requests came), each
@@ -68,11 +68,12 @@ def plan_rates(profile: str, scheduler: str, budget: int, mix: tuple[str, str, s
     """Per SLA, the capacity search's answer on the plan's host and on a typical one (see the module docstring)."""
     from sim.capacity import SearchConfig
     from sim.plan import PlanConfig, replica_capacity
-    from sim.workload import Workload
+    from sim.workload import Workload, mix_name
 
     name, prompt, output = mix
     workload = Workload(prompt=prompt, output=output, max_prompt_tokens=4000)  # `splitfuse plan`'s default
-    plan = PlanConfig(target_rate=1.0, profiles=(profile,), fit_resamples=0, host_margin=host_margin)
+    plan = PlanConfig(target_rate=1.0, profiles=(profile,), fit_resamples=0, host_margin=host_margin,
+                      mix=mix_name(workload))
     typical = dataclasses.replace(plan, host_margin=0.0)
     out = {"profile": profile, "scheduler": scheduler, "token_budget": budget, "mix": list(mix), "target": target,
            "margin": plan.margin(profile), "replications": replications, "max_requests_per_replica": max_requests,
@@ -212,7 +213,8 @@ def main(argv=None) -> None:
     p.add_argument("--mix", default="long", help="as splitfuse validate takes it: long, short or NAME=P/O")
     p.add_argument("--sla", action="append", help=f"fastgen or goodput=KEY:MS ... (repeat; default {DEFAULT_SLAS})")
     p.add_argument("--sla-target", type=float, default=0.9)
-    p.add_argument("--host-margin", type=float, default=None, help="default: the profile's slowest measured host")
+    p.add_argument("--host-margin", type=float, default=None,
+                   help="default: the profile's slowest measured run of the mix")
     p.add_argument("--replications", type=int, default=5)
     p.add_argument("--max-requests-per-replica", type=int, default=4000)
     p.add_argument("--processes", type=int, default=None)

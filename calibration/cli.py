@@ -67,8 +67,8 @@ def hosts_line(profile) -> str:
         return "hosts: none measured against it (`splitfuse plan` plans on its own passes)"
     factors = profile.hosts.factors()
     return (f"hosts: {len(factors)} measured, simulated / served requests/s "
-            f"{min(factors.values()):.3f}-{max(factors.values()):.3f}; `splitfuse plan` plans for "
-            f"{profile.host_margin():.1%} slower passes")
+            f"{min(factors.values()):.3f}-{max(factors.values()):.3f} (a host's mean over its runs); `splitfuse plan` "
+            f"plans for passes as slow as the slowest run of the workload's mix: {profile.hosts.describe_margins()}")
 
 
 def energy_line(energy) -> str:

@@ -5,10 +5,12 @@ host's passes, so on the others its capacity is off by that much. For each measu
 requests/s the host sustained in an overload run of the serving path, and what the simulator, with this profile,
 sustains on the same run (``splitfuse validate --from RUN... --record-hosts``). Their ratio is the host's pass-time
 factor: 1.03 means the profile would put 3% more through than the host did. ``margin`` is the slowest measured
-host's excess, what ``splitfuse plan`` plans for unless told otherwise. The ratios hold for the profile they were
-measured against: a new serving section drops them (``--fit-serving`` measures its runs' hosts again), and a refit
-of the cost model from the profile's own points (``splitfuse profile --refit``) keeps them, as it keeps the serving
-section.
+run's excess on the workload planned (its mix; any mix where none of it was measured), what ``splitfuse plan``
+plans for unless told otherwise: a factor depends on the mix as well as the host (the profile misprices some
+mixes' passes more than others'), and a plan must hold on the slowest card for its own mix. The ratios hold for
+the profile they were measured against: a new serving section drops them (``--fit-serving`` measures its runs'
+hosts again), and a refit of the cost model from the profile's own points (``splitfuse profile --refit``) keeps
+them, as it keeps the serving section.
 """
 
 from __future__ import annotations
@@ -63,9 +65,20 @@ class HostSpread:
         means = {host: sum(f) / len(f) for host, f in by_host.items()}
         return dict(sorted(means.items(), key=lambda item: -item[1]))
 
-    def margin(self) -> float:
-        """How much slower than the profile the slowest measured host runs (0 where every host keeps up)."""
-        return max(0.0, max(self.factors().values()) - 1)
+    def margin(self, mix: str | None = None) -> float:
+        """How much slower than the profile the slowest measured run of ``mix`` ran (0 where every run kept up);
+        where no run is of ``mix`` (or none is named), the slowest run of any mix."""
+        runs = [run for run in self.runs if run.mix == mix] or self.runs
+        return max(0.0, max(run.factor for run in runs) - 1)
+
+    def margins(self) -> dict[str, float]:
+        """{mix: ``margin(mix)``} for each mix the runs name, in the order first named."""
+        return {mix: self.margin(mix) for mix in dict.fromkeys(run.mix for run in self.runs)}
+
+    def describe_margins(self) -> str:
+        """"long 3.5%, short 6.6%; any other mix 6.6%": the margin of each mix and of the rest."""
+        return (", ".join(f"{mix} {m:.1%}" for mix, m in self.margins().items())
+                + f"; any other mix {self.margin():.1%}")
 
     def to_dict(self) -> dict:
         return {"runs": [asdict(run) for run in self.runs]}

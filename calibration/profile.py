@@ -153,10 +153,10 @@ class Profile:
         profile.hosts = hosts
         return profile
 
-    def host_margin(self) -> float:
-        """How much slower than this profile its slowest measured host runs (``HostSpread.margin``; 0 where no host
-        was measured against it)."""
-        return self.hosts.margin() if self.hosts is not None else 0.0
+    def host_margin(self, mix: str | None = None) -> float:
+        """How much slower than this profile its slowest measured run of ``mix`` ran (``HostSpread.margin``; 0 where
+        no host was measured against it)."""
+        return self.hosts.margin(mix) if self.hosts is not None else 0.0
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -62,7 +62,8 @@ class PlanConfig:
     ``fit_resamples``: bootstrap refits of each profile's cost model. Checks run ``check_replications`` runs of
     ``check_requests_per_replica`` requests per replica (doubled up to 4x while undecided). ``host_margin``: plan
     for hosts whose passes run this share slower than the profile's (0.04: 4%), in the search and the checks alike
-    (``sim.costs.SlowerHost``); None: each profile's slowest measured host (``margin``)."""
+    (``sim.costs.SlowerHost``); None: each profile's slowest measured run of the workload's ``mix`` (``margin``).
+    ``mix``: the named mix the workload draws (``sim.workload.mix_name``; None: none of them, any mix's runs count)."""
 
     target_rate: float
     profiles: tuple[str, ...]
@@ -76,6 +77,7 @@ class PlanConfig:
     usd_per_kwh: float = 0.10
     prices: str | Path = PRICES
     host_margin: float | None = None
+    mix: str | None = None
 
     def __post_init__(self) -> None:
         if not self.target_rate > 0:
@@ -90,11 +92,12 @@ class PlanConfig:
 
     def margin(self, profile: str) -> float:
         """The share by which ``profile``'s replicas are planned slower: ``host_margin`` where given, else how much
-        slower than the profile its slowest measured host ran (``calibration.host_spread``; 0 where none was)."""
+        slower than the profile its slowest measured run of ``mix`` ran (``calibration.host_spread``; any mix's where
+        none of ``mix`` was measured; 0 where no host was)."""
         if self.host_margin is not None:
             return self.host_margin
         margin = getattr(_cost(profile), "host_margin", None)
-        return margin() if margin is not None else 0.0
+        return margin(self.mix) if margin is not None else 0.0
 
 
 @dataclass

@@ -55,8 +55,9 @@ from sim.workload import Workload
               help="Electricity price, where the simulator reports energy.")
 @click.option("--host-margin", default=PlanConfig.host_margin, type=float,
               help="Plan for hosts whose passes run this share slower than the profile's (0.04: 4%; 0: the "
-                   "profile's own). Default: each profile's slowest measured host (its 'hosts' section; 0 where "
-                   "none was measured); hosts of one card differ by a few percent (calibration/VALIDATION.md).")
+                   "profile's own). Default: each profile's slowest measured run of the workload's mix where it "
+                   "is a named one (long, short, fastgen), else of any mix (its 'hosts' section; 0 where none "
+                   "was measured); hosts of one card differ by a few percent (calibration/VALIDATION.md).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @backend_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -76,6 +77,7 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
          processes, ray_address, out):
     from sim.metrics import SLA, few_replications_warning
     from sim.plan import load_prices, make_plan
+    from sim.workload import mix_name
 
     start = time.perf_counter()
     prices = prices or PRICES
@@ -94,7 +96,8 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
                           max_requests_per_replica=max_requests_per_replica,
                           requests_per_replica=min(SearchConfig.requests_per_replica, max_requests_per_replica // 2))
     config = PlanConfig(rate, profiles, parsed, tuple(balancers), mixed, fit_resamples, check_replications,
-                        check_requests_per_replica, usd_per_kwh=usd_per_kwh, prices=prices, host_margin=host_margin)
+                        check_requests_per_replica, usd_per_kwh=usd_per_kwh, prices=prices, host_margin=host_margin,
+                        mix=mix_name(workload))
     for n in {replications, check_replications}:
         if few_replications_warning(n):
             click.echo(few_replications_warning(n))
@@ -110,6 +113,7 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
     if out:
         options = {"rate": rate, "profiles": list(profiles), "schedulers": list(schedulers),
                    "balancers": list(balancers), "mixed": mixed, "host_margin": host_margin,
+                   "host_mix": config.mix,
                    "host_margins": {p: config.margin(p) for p in profiles}, "seed": seed,
                    "backend": backend}
         _write(Path(out), result, config, ranked, workload, sla, search, elapsed, options)
@@ -159,9 +163,10 @@ def _write(out: Path, result, config, ranked, workload, sla, search, elapsed, op
 
 
 def _hosts(config, profiles) -> str:
-    """Which hosts the plan is for, per profile: "hosts 3.1% slower than llama-2-7b-h200-bf16's (its slowest
-    measured host)"."""
-    why = "as asked" if config.host_margin is not None else "its slowest measured host"
+    """Which hosts the plan is for, per profile: "hosts 3.5% slower than llama-2-7b-h200-bf16's (its slowest
+    measured run of the long mix)"."""
+    mix = f" of the {config.mix} mix" if config.mix else ""
+    why = "as asked" if config.host_margin is not None else f"its slowest measured run{mix}"
     return ", ".join(f"hosts {config.margin(p):.1%} slower than {p}'s ({why})" for p in profiles)
 
 

@@ -61,14 +61,9 @@ from sim.request_log import RequestLog
 from sim.router import SERVE_ROUTER
 from sim.saturation import engine_concurrency as replica_concurrency
 from sim.saturation import estimate_capacity
-from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, Workload, parse_length
+from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, MIXES, Workload, parse_length
 
 # name: (prompt lengths, output lengths), as in issue 17 (prompts clipped at 4,000 tokens, as FastGen's benchmark)
-MIXES = {
-    "long": ("normal:2600:0.3", "normal:128:0.3"),
-    "short": ("normal:512:0.3", "normal:256:0.3"),
-    "fastgen": ("normal:2600:0.3", "normal:60:0.3"),  # DeepSpeed-FastGen's headline workload
-}
 MAX_PROMPT_TOKENS = FASTGEN_MAX_PROMPT_TOKENS
 COMPARED = ("ttft", "tpot", "e2e", "itl")
 STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -1150,8 +1145,8 @@ def _command():
             cost.save(record_hosts)
         if fit_serving or record_hosts:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
-            click.echo(f"hosts, simulated / served requests/s: {factors}; margin {cost.host_margin():.1%}; wrote "
-                       f"{fit_serving or record_hosts}")
+            click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
+                       f"wrote {fit_serving or record_hosts}")
         if host_margin:
             cost = SlowerHost(cost, 1 + host_margin)
         own_hosts = {directory: overload_path_factors(directory, cost) for directory in measured} \

@@ -18,6 +18,13 @@ import numpy as np
 
 ARRIVALS = ("poisson", "gamma", "closed", "trace")
 FASTGEN_MAX_PROMPT_TOKENS = 4000  # FastGen's benchmark clips sampled prompts here
+# The named mixes of `splitfuse validate`'s grids, (prompt lengths, output lengths); a profile's measured hosts name
+# the mix each of their overload runs served (calibration.host_spread).
+MIXES = {
+    "long": ("normal:2600:0.3", "normal:128:0.3"),
+    "short": ("normal:512:0.3", "normal:256:0.3"),
+    "fastgen": ("normal:2600:0.3", "normal:60:0.3"),  # DeepSpeed-FastGen's headline workload
+}
 
 
 @dataclass
@@ -221,6 +228,15 @@ TRACE_ALIASES = {
     "input_len": "prompt_tokens", "output_len": "output_tokens", "prompt_len": "prompt_tokens",
     "input_tokens": "prompt_tokens", "arrival": "arrival_time", "timestamp": "arrival_time",
 }
+
+
+def mix_name(workload: Workload) -> str | None:
+    """The name (``MIXES``) of the mix whose lengths ``workload`` draws, or None (a trace, or lengths of no named
+    mix)."""
+    if workload.arrivals == "trace":
+        return None
+    return next((name for name, (prompt, output) in MIXES.items()
+                 if parse_length(prompt) == workload.prompt and parse_length(output) == workload.output), None)
 
 
 def trace_column(name: str) -> str:

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from calibration.profile import load_profile
 from sim.plan import Fleet, PlanConfig, ReplicaCapacity, cheapest_mix, fleets, load_prices
 from sim.plan_cli import plan
 
@@ -59,13 +60,25 @@ def test_plan_answers_a_small_target_and_its_pick_meets_at_the_check(tmp_path):
     assert len(picked) == 1 and (table.loc[:picked.index[0], "check"].iloc[:-1] != "meets").all()
     assert "cost (USD/h)" in table and "rate per replica (req/s)" in table
     summary = json.loads((out / "plan.json").read_text())
-    margins = summary["options"]["host_margins"]  # the shipped profiles' slowest measured hosts
+    margins = summary["options"]["host_margins"]  # the shipped profiles' slowest measured runs of the long mix
+    assert summary["options"]["host_mix"] == "long"
+    assert margins == {p: pytest.approx(load_profile(p).host_margin("long")) for p in margins}
     assert summary["pick"]["host_factors"] == {p: 1 + margins[p] for p in summary["pick"]["counts"]}
-    assert any(margins.values()) and "slowest measured host" in result.output
+    assert any(margins.values()) and "slowest measured run of the long mix" in result.output
     caps = summary["capacities"]
     assert all(c["low"] <= c["rate"] <= (c["high"] or float("inf")) for c in caps)
     html = (out / "plan.html").read_text()
     assert html.count("plotly-graph-div") >= 3 and "cost (USD/h)" in html
+
+
+def test_a_workload_names_the_mix_it_draws():
+    """The plan's margin follows the workload's named mix: the same lengths name it, other lengths and traces none."""
+    from sim.workload import MIXES, Workload, mix_name
+
+    assert mix_name(Workload()) == "long" and mix_name(Workload(prompt=MIXES["short"][0], output=MIXES["short"][1]))
+    assert mix_name(Workload(prompt="normal:2600:0.3", output="normal:60:0.3")) == "fastgen"
+    assert mix_name(Workload(prompt="normal:2600:0.2")) is None
+    assert mix_name(Workload(trace="t.csv")) is None
 
 
 def test_a_slower_host_takes_longer_per_pass_and_sustains_less():
@@ -126,20 +139,22 @@ def test_a_host_margin_plans_every_replica_on_a_slower_host():
     assert result.exit_code == 2 and "--host-margin must be a share" in result.output
 
 
-def test_by_default_each_profile_is_planned_on_its_slowest_measured_host(tmp_path):
-    """Without --host-margin a profile's replicas run as slow as its slowest measured host (its "hosts" section);
-    one without measured hosts runs as priced, and --host-margin 0 plans every profile as priced."""
+def test_by_default_each_profile_is_planned_on_its_slowest_measured_run_of_the_mix(tmp_path):
+    """Without --host-margin a profile's replicas run as slow as its slowest measured run of the workload's mix (its
+    "hosts" section), of any mix where the workload is none of the named ones; one without measured hosts runs as
+    priced, and --host-margin 0 plans every profile as priced."""
     from calibration.host_spread import HostSpread, MeasuredHost
-    from calibration.profile import load_profile
 
     runs = tuple(MeasuredHost(host, "splitfuse-768", mix, served, simulated)
                  for host, mix, served, simulated in (("h1", "long", 8.0, 8.2), ("h1", "short", 20, 20.2),
                                                       ("h2", "long", 8.5, 8.4)))
     measured = str(load_profile("llama-2-7b-h200-bf16").with_hosts(HostSpread(runs)).save(tmp_path / "m.json"))
     plain = str(load_profile("llama-2-7b-h100-bf16").with_hosts(None).save(tmp_path / "plain.json"))
-    h1 = (8.2 / 8.0 + 20.2 / 20) / 2  # the slower host, over its two runs
-    config = PlanConfig(12.0, (measured, plain))
+    h1 = 8.2 / 8.0  # the slowest run of the long mix (and of any)
+    config = PlanConfig(12.0, (measured, plain), mix="long")
     assert config.margin(measured) == pytest.approx(h1 - 1) and config.margin(plain) == 0
+    assert PlanConfig(12.0, (measured,), mix="short").margin(measured) == pytest.approx(0.01)
+    assert PlanConfig(12.0, (measured,)).margin(measured) == pytest.approx(h1 - 1)  # no named mix: any run
     assert PlanConfig(12.0, (measured,), host_margin=0).margin(measured) == 0
     prices = PRICES.rename(index={"a": measured, "b": plain})
     fleet = next(f for f in fleets([capacity(measured, 6.0), capacity(plain, 5.0)], config, prices)

@@ -65,7 +65,8 @@ def test_every_shipped_measured_profile_knows_its_hosts():
 
     measured = [load_profile(n) for n in shipped_profiles() if load_profile(n).meta["kind"] == "measured"]
     assert len(measured) == 5 and all(p.hosts is not None and len(p.hosts.factors()) >= 2 for p in measured)
-    assert all(0 <= p.host_margin() < 0.1 for p in measured)
+    # a few percent between cards, more on the mixes a profile misprices (llama-3-8b prefill-first's short mix)
+    assert all(0 <= m < 0.15 for p in measured for m in (p.host_margin(), *p.hosts.margins().values()))
 
 
 def test_every_shipped_point_is_priced_with_the_serving_section():
@@ -204,9 +205,9 @@ def test_added_points_of_another_measurement_are_refused(tmp_path, change, messa
 
 
 def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp_path):
-    """A host's factor is simulated over served requests/s, averaged over its runs; the margin is the slowest
-    host's excess. The section survives a save, a refit and --check; a new serving section drops it (it was
-    measured against the old one), and a damaged row is named."""
+    """A host's factor is simulated over served requests/s, averaged over its runs; the margin is the slowest run's
+    excess on the mix asked for (any mix's where none is of it). The section survives a save, a refit and --check; a
+    new serving section drops it (it was measured against the old one), and a damaged row is named."""
     from calibration.cli import profile as profile_cmd
     from calibration.fitting import refit
     from calibration.host_spread import HostSpread, MeasuredHost
@@ -215,16 +216,19 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
             MeasuredHost("b", "prefill-first-4352", "long", 9.0, 8.82))
     spread = HostSpread(runs)
     assert spread.factors() == pytest.approx({"a": 1.025, "b": 0.98}) and list(spread.factors()) == ["a", "b"]
-    assert spread.margin() == pytest.approx(0.025)
+    assert spread.margin("long") == pytest.approx(0.05)  # host a's long run, not its mean over mixes
+    assert spread.margin("short") == 0 and spread.margin("chat") == spread.margin() == pytest.approx(0.05)
+    assert spread.margins() == pytest.approx({"long": 0.05, "short": 0.0})
     assert HostSpread(runs[2:]).margin() == 0  # every host keeps up with the profile
     profile = load_profile("llama-2-7b").with_hosts(spread)
     path = profile.save(tmp_path / "hosts.json")
     again = load_profile(path)
-    assert again.hosts == spread and again.host_margin() == pytest.approx(0.025)
+    assert again.hosts == spread and again.host_margin("short") == 0 and again.host_margin() == pytest.approx(0.05)
     assert refit(again).hosts == spread
     assert again.with_serving(None).hosts is None and load_profile("llama-2-7b").with_hosts(None).host_margin() == 0
     result = CliRunner().invoke(profile_cmd, ["--check", str(path)])
-    assert result.exit_code == 0 and "hosts: 2 measured" in result.output and "2.5% slower" in result.output
+    assert result.exit_code == 0 and "hosts: 2 measured" in result.output
+    assert "long 5.0%, short 0.0%; any other mix 5.0%" in result.output
     good = {"host": "a", "scheduler": "splitfuse-768", "mix": "long", "measured_rps": 8, "simulated_rps": 8}
     for row, message in (({**good, "measured_rps": 0}, "measured_rps must be a positive"),
                          ({"host": "a", "measured_rps": 8}, r"runs\[0\] must be an object with host, scheduler"),
