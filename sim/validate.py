@@ -63,7 +63,7 @@ from sim.saturation import engine_concurrency as replica_concurrency
 from sim.saturation import estimate_capacity
 from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, MIXES, Workload, parse_length
 
-# name: (prompt lengths, output lengths), as in issue 17 (prompts clipped at 4,000 tokens, as FastGen's benchmark)
+# the grids' named mixes are sim.workload.MIXES (issue 17's); prompts clipped at 4,000 tokens, as FastGen's benchmark
 MAX_PROMPT_TOKENS = FASTGEN_MAX_PROMPT_TOKENS
 COMPARED = ("ttft", "tpot", "e2e", "itl")
 STATS = ("mean", "p50", "p90", "p95", "p99")
