@@ -72,8 +72,8 @@ def plan_rates(profile: str, scheduler: str, budget: int, mix: tuple[str, str, s
     from sim.plan import PlanConfig, replica_capacity
     from sim.workload import Workload, mix_name
 
-    name, prompt, output = mix
-    workload = Workload(prompt=prompt, output=output, max_prompt_tokens=4000)  # `splitfuse plan`'s default
+    _, prompt, output = mix
+    workload = Workload(prompt=prompt, output=output)  # prompts clipped as `splitfuse plan` clips them by default
     plan = PlanConfig(target_rate=1.0, profiles=(profile,), fit_resamples=0, host_margin=host_margin,
                       mix=mix_name(workload))
     typical = dataclasses.replace(plan, host_margin=0.0)
@@ -82,8 +82,9 @@ def plan_rates(profile: str, scheduler: str, budget: int, mix: tuple[str, str, s
            "slas": {}}
     for spec in slas:
         _, sla, column = parse_sla(spec)
-        search = SearchConfig(target=target, column=column, replications=replications,
-                              max_requests_per_replica=max_requests)
+        search = SearchConfig(target=target, column=column, replications=replications,  # as `splitfuse plan`'s
+                              max_requests_per_replica=max_requests,
+                              requests_per_replica=min(SearchConfig.requests_per_replica, max_requests // 2))
         row = {}
         for host, config in (("plan", plan), ("typical", typical)):
             capacity = replica_capacity(profile, scheduler, budget, workload, sla, search, config,

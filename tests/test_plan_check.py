@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.plan_check_gpu import parse_sla, rates_to_run
+from calibration.profile import load_profile
 
 PLAN = {"profile": "llama-2-7b-h200-bf16", "scheduler": "splitfuse", "token_budget": 768,
         "mix": ["tiny", "uniform:8:40", "fixed:5"], "target": 0.9, "margin": 0.05, "replications": 5,
@@ -26,6 +27,21 @@ def test_the_plans_answers_are_served_once_each_and_slas_are_named():
     for bad in ("goodput", "slo=ttft:200", "goodput=ttft:0.2,tpot:0.02"):
         with pytest.raises(ValueError, match="goodput"):
             parse_sla(bad)
+
+
+def test_the_plan_step_answers_on_both_hosts(tmp_path):
+    """The search's answers per SLA on the plan's host (the profile's slowest run of the mix) and a typical one."""
+    out = tmp_path / "plan_rates.json"
+    cmd = [sys.executable, "-m", "benchmarks.plan_check_gpu", "plan", "--profile", "llama-2-7b-h200-bf16", "--mix",
+           "long", "--sla", "fastgen", "--replications", "2", "--max-requests-per-replica", "400", "--processes", "1",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(out.read_text())
+    assert plan["margin"] == pytest.approx(load_profile("llama-2-7b-h200-bf16").host_margin("long"))
+    answers = plan["slas"]["fastgen"]
+    assert 0 < answers["plan"] <= answers["typical"] < answers["typical_misses_at"]  # a slower host sustains less
+    assert rates_to_run(plan)[0] == round(answers["plan"], 3) and plan["meta"]["card"] == "cpu"
 
 
 def test_a_served_run_is_judged_beside_its_simulation(tmp_path):
