@@ -250,12 +250,20 @@ def main(argv=None) -> None:
         args.out.write_text(json.dumps({**plan, "meta": run_metadata()}, indent=1))
         print(f"wrote {args.out}: rates {rates_to_run(plan)}")
     elif args.step == "run":
-        plan = json.loads(args.rates_from.read_text())
+        try:
+            plan = json.loads(args.rates_from.read_text())
+            rates = args.rates or rates_to_run(plan)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--rates-from {args.rates_from}: not a plan step's plan_rates.json ({e!r})")
+        if not rates or min(rates) <= 0:
+            parser.error(f"no positive rate to serve: {rates}")
         options = {k: v for k, v in (("device", args.device), ("num_kv_blocks", args.num_kv_blocks)) if v}
-        measure(args.model, plan, args.rates or rates_to_run(plan), args.requests, args.seed, args.out, options,
+        measure(args.model, plan, rates, args.requests, args.seed, args.out, options,
                 args.client_processes, timeout=600.0)
         report(args.out)
     else:
+        if not (args.directory / MEASURED).is_file():
+            parser.error(f"--from {args.directory}: no {MEASURED} there (the run step's --out)")
         report(args.directory)
 
 

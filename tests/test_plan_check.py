@@ -29,6 +29,18 @@ def test_the_plans_answers_are_served_once_each_and_slas_are_named():
             parse_sla(bad)
 
 
+def test_wrong_files_and_rates_are_named(tmp_path):
+    base = [sys.executable, "-m", "benchmarks.plan_check_gpu"]
+    (tmp_path / "bad.json").write_text("{}")
+    for args, message in ((["run", "tiny-llama", "--rates-from", str(tmp_path / "none.json"), "--out", str(tmp_path)],
+                           "not a plan step's plan_rates.json"),
+                          (["run", "tiny-llama", "--rates-from", str(tmp_path / "bad.json"), "--out", str(tmp_path)],
+                           "not a plan step's plan_rates.json"),
+                          (["compare", "--from", str(tmp_path)], "no measured.json.gz there")):
+        done = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
 def test_the_plan_step_answers_on_both_hosts(tmp_path):
     """The search's answers per SLA on the plan's host (the profile's slowest run of the mix) and a typical one."""
     out = tmp_path / "plan_rates.json"
