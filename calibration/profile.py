@@ -5,8 +5,8 @@ what the serving loop adds to each pass (``calibration.serving``), (from version
 version 7) knees in its attention terms, (from version 8) the card's heat in the serving section, (from version
 9) a knee in its loop, (from version 10) a scale of its own for eager passes of prompts alone, (from version 11)
 how the card's measured hosts differ from it (``calibration.host_spread``), (from version 12) a scale of its own
-for graph passes of prompts alone and (from version 13) a scale of the served prompt attention. All are optional,
-and files of versions 2 to 12 still load.
+for graph passes of prompts alone, (from version 13) a scale of the served prompt attention and (from version 15)
+the served passes' spread. All are optional, and files of versions 2 to 14 still load.
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -20,6 +20,8 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
 
 from calibration.cost_model import (
     FEATURES,
@@ -43,12 +45,13 @@ FORMAT = "splitfuse-profile"
 # own ("eager-prefill"); 11: an optional "hosts" section, the measured hosts' capacity against this profile
 # (``calibration.host_spread``); 12: graph passes of prompts alone may have a scale of their own ("mixed-prefill");
 # 13: the serving section's paths may grow their prompt attention ("attention_scale"); 14: passes with prompt
-# tokens may pay for their decodes' spread of contexts (the serving section's "mixed_spread_s").
-# Versions 2-13 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
+# tokens may pay for their decodes' spread of contexts (the serving section's "mixed_spread_s"); 15: the serving
+# section may carry the served passes' spread ("noise_q"), which the simulator then draws from.
+# Versions 2-14 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
-# spread charged beside prompt tokens).
-VERSION = 14
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+# spread charged beside prompt tokens; the sweep's spread of pass times).
+VERSION = 15
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -113,8 +116,6 @@ class Profile:
         """From a client's send until the engine has the request, per prompt length and uniform draw (0 without a
         serving section)."""
         if self.serving is None:
-            import numpy as np
-
             return np.zeros(len(prompt_tokens))
         return self.serving.admission_seconds(prompt_tokens, uniforms)
 
@@ -124,15 +125,16 @@ class Profile:
         return 0.0 if self.serving is None else self.serving.delivery_seconds(num_samples)
 
     def noise_factors(self, uniforms) -> list[float]:
-        """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the factor for
-        a uniform draw ``u`` in [0, 1) is ``noise[int(u * len(noise))]`` (1 without a measured spread)."""
-        n = len(self.noise)
+        """Multiplicative noise on predicted medians, drawn from the measured spread of pass times: the served
+        passes' (the serving section's ``noise_q``) where the profile has it, else the sweep's repeats
+        (``noise``). The factor for a uniform draw ``u`` in [0, 1) is ``noise[int(u * len(noise))]`` (1 without a
+        measured spread)."""
+        if self._noise is None:
+            served = self.serving.noise_q if self.serving is not None else ()
+            self._noise = np.asarray(served if len(served) else self.noise)
+        n = len(self._noise)
         if not n:
             return [1.0] * len(uniforms)
-        import numpy as np
-
-        if self._noise is None:
-            self._noise = np.asarray(self.noise)
         return self._noise[(uniforms * n).astype(np.int64)].tolist()
 
     def with_serving(self, serving: ServingModel | None) -> Profile:

@@ -40,7 +40,13 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   by which served passes exceed the sweep's price of that attention (``PassModel.attention_seconds``). A path's
   served step is ``scale x (swept step + attention_scale x swept attention)``. Served, a chunk on a deep prefix runs
   further over its swept price than a prompt alone: on every llama-2-7b H200 host, served / swept grew by 0.18-0.39
-  with attention's share of the step (``calibration/VALIDATION.md``, twenty-fourth round). Older sections have none.
+  with attention's share of the step (``calibration/VALIDATION.md``, twenty-fourth round). Older sections have none;
+- the spread of served passes around their price (from profile version 15): ``noise_q``, quantiles of each served
+  pass's time (step and loop) over the section's price, each run's over its median, each host's distribution
+  weighing as one (``served_noise``). The simulator draws each pass's factor from it instead of the sweep's repeats
+  (``Profile.noise_factors``): served passes spread about five times as widely as a pass repeated alone, with a
+  longer upper tail, so their mean lies above the median the section's numbers price (``calibration/VALIDATION.md``,
+  thirty-third round). Older sections have none: the sweep's spread.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
+NOISE_QUANTILES = 1024  # points kept of the served passes' spread: its upper tail moves the mean and the p99s
 # Below twice the mean, the longest decode context costs nothing the sum of contexts does not already price: on a
 # heavy-tailed chat mix (calibration/VALIDATION.md, twelfth round) steps under 1.7 times the mean were on the model.
 SPREAD_KNEE = 2.0
@@ -128,7 +135,7 @@ class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
     __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
-                 "_delivery_base")
+                 "noise_q", "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -136,7 +143,8 @@ class ServingModel:
                  delivery_per_sample_s: float = 0.0, decode_spread_s: float = 0.0,
                  heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S,
                  loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
-                 attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0) -> None:
+                 attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
+                 noise_q: Sequence[float] = ()) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -148,6 +156,9 @@ class ServingModel:
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
+        self.noise_q = _quantiles("noise_q", noise_q) if len(noise_q) else np.empty(0)
+        if len(self.noise_q) and self.noise_q[0] <= 0:
+            raise ValueError(f"serving noise_q must be positive factors, got {self.noise_q[0]!r}")
         scale = dict(path_scale or {})
         unknown = [p for p in scale if p not in PATHS]
         if unknown:
@@ -206,20 +217,50 @@ class ServingModel:
     def to_dict(self) -> dict:
         return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
-                "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit}
+                "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
+                **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {})}
+
+    def with_noise(self, noise_q: Sequence[float], fit: Mapping | None = None) -> ServingModel:
+        """This section with ``noise_q`` as its served passes' spread (``served_noise``) and ``fit`` (how it was
+        measured) under the fit's "noise"."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "noise_q": list(noise_q), "fit": {**d["fit"], "noise": dict(fit or {})}})
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
-        prompt tokens."""
+        prompt tokens, before 15 no served spread (the sweep's)."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
-                                             "attention_scale", "fit")]
+                                             "attention_scale", "fit", "noise_q")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
+
+
+def served_noise(ratios: Mapping[str, Sequence[np.ndarray]]) -> tuple[list[float], dict]:
+    """The spread of served passes around their price, as ``NOISE_QUANTILES`` mid-quantiles, and how it was
+    measured. ``ratios``: per host, one array per run of each traced pass's served time (step and loop) over the
+    section's price of it. Each run's ratios are taken over their median, so a host's or run's level (the hosts
+    section's business) leaves only the spread; each host's quantiles then weigh as one in their mean."""
+    probs = (np.arange(NOISE_QUANTILES) + 0.5) / NOISE_QUANTILES
+    per_host = {}
+    for host, runs in ratios.items():
+        runs = [r[np.isfinite(r) & (r > 0)] for r in map(np.asarray, runs)]
+        runs = [r / np.median(r) for r in runs if len(r)]
+        if runs:
+            per_host[host] = np.quantile(np.concatenate(runs), probs)
+    if not per_host:
+        raise ValueError("no traced pass with a served time and a price to measure the spread on")
+    q = np.mean(list(per_host.values()), axis=0)
+    means = {host: round(float(v.mean()), 5) for host, v in per_host.items()}
+    return [round(float(x), 5) for x in q], {
+        "hosts": len(per_host), "passes": int(sum(len(r) for runs in ratios.values() for r in runs)),
+        "mean": round(float(q.mean()), 5), "p10": round(float(np.quantile(q, 0.1)), 5),
+        "p90": round(float(np.quantile(q, 0.9)), 5), "p99": round(float(np.quantile(q, 0.99)), 5),
+        "host_means": means}
 
 
 def _line(x, y, name: str) -> tuple[float, float, dict]:

@@ -43,6 +43,12 @@ class CostModel(Protocol):
     def delivery_seconds(self, num_samples: int) -> float: ...
 
 
+def mean_noise_factor(cost: CostModel, draws: int = 4096) -> float:
+    """The mean factor ``cost.noise_factors`` puts on a pass's predicted median: on average a simulated pass takes
+    that many times its median (1 without a spread; above 1 where the spread has a longer upper tail)."""
+    return float(np.mean(cost.noise_factors((np.arange(draws) + 0.5) / draws)))
+
+
 @dataclass
 class ConstantCost:
     """Every pass takes ``seconds`` (the M/D/1 tests); a request reaches the engine ``admission_s`` after it was

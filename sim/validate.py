@@ -47,14 +47,14 @@ from pathlib import Path
 import numpy as np
 
 from calibration.host_spread import HostSpread, MeasuredHost
-from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path
+from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path, served_noise
 from calibration.validation_results import CELL as CELL_KEYS
 from calibration.validation_results import VIEWS, with_bounds
 from engine.policy import PassFeatures, PolicyConfig
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
-from sim.costs import CostModel, SlowerHost
+from sim.costs import CostModel, SlowerHost, mean_noise_factor
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
 from sim.request_log import RequestLog
@@ -726,6 +726,40 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
     return passes, requests
 
 
+def served_ratios(directory: Path, cost, host: str | None = None) -> tuple[str, list[np.ndarray]]:
+    """The run's host (``run_host``) and, per warm-up or overload run and engine, each traced pass's served time
+    (step and loop, ``cell_passes``' ``loop_s``: where the next step began at once) over ``cost``'s price of it:
+    what ``calibration.serving.served_noise`` measures the served passes' spread on."""
+    meta, runs, traces = load_measured(directory, "calibration")
+    ratios = []
+    for name, m, _ in runs:
+        if traces[name] is None:
+            continue
+        rows = cell_passes(m, traces[name][0], cost)
+        for replica in range(m.cell.replicas):
+            r = np.array([p["loop_s"] / p["predicted_s"] for p in rows if p["replica"] == replica
+                          and np.isfinite(p["loop_s"]) and np.isfinite(p["predicted_s"]) and p["predicted_s"] > 0])
+            if len(r):
+                ratios.append(r)
+    return run_host(meta, directory, host), ratios
+
+
+def with_served_noise(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+    """``profile`` with its serving section's spread (``noise_q``) measured on the warm-up and overload runs of
+    ``measured`` (``served_ratios``; ``hosts``: their labels), each host weighing as one. Its measured hosts are
+    kept: record them again (``with_measured_hosts``) where their runs are at hand, since the spread's mean moves
+    the simulated rates they were judged by."""
+    if profile.serving is None:
+        raise ValueError("the profile has no serving section to price the served passes with (--fit-serving first)")
+    ratios: dict[str, list[np.ndarray]] = {}
+    for directory in measured:
+        host, runs = served_ratios(directory, profile, hosts.get(directory))
+        ratios.setdefault(host, []).extend(runs)
+    noise_q, fit = served_noise(ratios)
+    serving = profile.serving.with_noise(noise_q, fit)
+    return profile.with_serving(serving).with_hosts(profile.hosts)
+
+
 def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None = None, sim_seeds: int = 1,
             exclude_first: bool = False) -> dict:
     """Simulate every measured cell of ``directory`` on ``cost`` (or a list, one per engine: ``engine_costs``); write
@@ -946,7 +980,9 @@ def overload_path_factors(directory: Path, cost: CostModel,
     """Per engine (a fleet's replica order; one for a single engine), {serving path: served / predicted loop time}
     over its passes in ``directory``'s overload runs (those that measured a saturation rate, outside every cell),
     for the paths with ``MIN_PATH_PASSES`` or more: how much slower than ``cost`` the card that ran them runs each
-    path, as ``SlowerHost(cost, path_factors=...)`` takes it. Empty where the runs traced no overload run.
+    path, as ``SlowerHost(cost, path_factors=...)`` takes it. Predicted is what a simulated pass takes on average:
+    the median times the mean of ``cost``'s spread (``mean_noise_factor``). Empty where the runs traced no overload
+    run.
 
     Passes with prompt tokens count at any size: they are the same chunks and prompts at every load. Decode steps
     alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
@@ -967,7 +1003,8 @@ def overload_path_factors(directory: Path, cost: CostModel,
                 served[key] = served.get(key, 0.0) + row["loop_s"]
                 predicted[key] = predicted.get(key, 0.0) + row["predicted_s"]
                 count[key] = count.get(key, 0) + 1
-    return [{path: served[e, path] / predicted[e, path] for e, path in sorted(served)
+    mean = mean_noise_factor(cost)  # a simulated pass takes its median times the spread's mean: the host's excess
+    return [{path: served[e, path] / (mean * predicted[e, path]) for e, path in sorted(served)
              if e == engine and count[e, path] >= MIN_PATH_PASSES} for engine in range(engines)]
 
 
@@ -1059,6 +1096,12 @@ def _command():
                   help="Write the profile with the runs' hosts added to its measured hosts: each overload run's "
                        "sustained rate, served and simulated (the spread `splitfuse plan` plans for). "
                        "--fit-serving records its runs' hosts itself.")
+    @click.option("--fit-noise", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with the spread of its served passes around their price, measured on the "
+                       "runs' warm-up and overload passes (each host weighing as one), which the simulator then "
+                       "draws pass times from instead of the sweep's repeats; compare with that. With --fit-serving "
+                       "it measures the new section and records the runs' hosts again; else the profile's hosts "
+                       "are kept (add --record-hosts to record these runs' again).")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1077,8 +1120,8 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
-                 measured, host_labels, fit_serving, record_hosts, exclude_first_requests, host_margin,
-                 host_from_overload, sim_seeds, **engine_options):
+                 measured, host_labels, fit_serving, fit_noise, record_hosts, exclude_first_requests,
+                 host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -1097,7 +1140,8 @@ def _command():
                                    balancers, repeats)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-        for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts)):
+        for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),
+                            ("--fit-noise", fit_noise)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and not isinstance(cost, Profile):
@@ -1137,6 +1181,18 @@ def _command():
                        f"prompt token); delivery {serving.delivery_seconds(0) * 1e3:.2f} ms + "
                        f"{serving.delivery_per_sample_s * 1e6:.2f} us a sampled entry; served/swept "
                        f"step {serving.path_scale}; wrote {fit_serving}")
+        if fit_noise:
+            try:
+                cost = with_served_noise(cost, measured, hosts)
+                if fit_serving:  # the spread moves the simulated rates its runs' hosts were judged by
+                    cost = with_measured_hosts(cost, measured, hosts)
+            except ValueError as e:
+                raise click.ClickException(f"--fit-noise: {e}") from None
+            cost.save(fit_noise)
+            noise = cost.serving.fit["noise"]
+            click.echo(f"served passes over their price, each run over its median ({noise['hosts']} hosts, "
+                       f"{noise['passes']} passes): mean {noise['mean']:.4f}, p10 {noise['p10']:.4f}, p90 "
+                       f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
         if record_hosts:
             try:
                 cost = with_measured_hosts(cost, measured, hosts)

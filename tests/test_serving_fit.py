@@ -10,6 +10,7 @@ import pytest
 
 from calibration.profile import load_profile
 from calibration.serving import (
+    NOISE_QUANTILES,
     PATHS,
     PrefillHeat,
     ServingModel,
@@ -17,10 +18,11 @@ from calibration.serving import (
     fit_serving,
     prefill_heats,
     scale_path,
+    served_noise,
 )
 from engine.policy import BatchPlan, PolicyConfig, plan_features
 from sim.cluster import ClusterConfig, simulate
-from sim.costs import ConstantCost
+from sim.costs import ConstantCost, mean_noise_factor
 from sim.workload import RequestTable
 
 
@@ -156,6 +158,44 @@ def test_a_section_of_an_older_profile_delivers_at_its_median():
     assert s.delivery_seconds(1) == s.delivery_seconds(300) == 0.0025
     with pytest.raises(ValueError, match="delivery_per_sample_s"):
         ServingModel.from_dict({**older, "delivery_per_sample_s": -1.0})
+
+
+def test_the_served_spread_is_each_runs_over_its_median_with_hosts_weighing_as_one():
+    """A slow run's level is not spread; a host of many passes weighs no more than one of few."""
+    rng = np.random.default_rng(5)
+    wide = np.exp(rng.normal(0.0, 0.05, 20000))  # host a: many passes, a wide spread, in a run 10% slow and one not
+    narrow = np.exp(rng.normal(0.0, 0.01, 500))  # host b: few passes, a narrow spread
+    runs_a = [1.1 * wide[:10000], wide[10000:]]
+    q, fit = served_noise({"a": runs_a, "b": [narrow]})
+    assert len(q) == NOISE_QUANTILES and q == sorted(q) and fit["hosts"] == 2 and fit["passes"] == 20500
+    assert np.median(q) == pytest.approx(1.0, abs=0.002)  # each run's level taken out
+    one = lambda runs: np.array(served_noise({"x": runs})[0])  # noqa: E731
+    assert np.array(q) == pytest.approx((one(runs_a) + one([narrow])) / 2, abs=2e-5)  # the hosts' mean quantile
+    assert one(runs_a) == pytest.approx(one([wide]), abs=2e-3)  # the slow run's 10% is level, not spread
+    assert fit["host_means"]["a"] > fit["host_means"]["b"] and fit["p90"] < one([wide])[int(0.9 * len(q))]
+    assert served_noise({"a": [np.array([2.0, np.nan, 4.0, 3.0, -1.0])]})[0][0] == pytest.approx(2 / 3, abs=1e-3)
+    with pytest.raises(ValueError, match="no traced pass"):
+        served_noise({"a": [np.array([np.nan])]})
+
+
+def test_a_section_may_carry_the_served_spread_and_the_simulator_draws_from_it():
+    older = ServingModel(1e-4, 1e-5, 0.0, [0.003], [0.0025])
+    assert not len(older.noise_q) and "noise_q" not in older.to_dict()
+    served = older.with_noise([0.9, 1.0, 1.3], {"hosts": 1})
+    back = ServingModel.from_dict(served.to_dict())
+    assert back.noise_q.tolist() == [0.9, 1.0, 1.3] and back.fit["noise"] == {"hosts": 1}
+    assert back.loop_seconds(10) == older.loop_seconds(10)  # only the spread changed
+    for bad, message in (([1.0, 0.9], "sorted"), ([0.0, 1.0], "positive"), ([float("nan")], "finite")):
+        with pytest.raises(ValueError, match=message):
+            older.with_noise(bad)
+    profile = load_profile("llama-2-7b-h200-bf16")
+    u = np.array([0.0, 0.5, 0.9999])
+    swept = profile.with_serving(older)
+    assert swept.noise_factors(u) == [swept.noise[int(x * len(swept.noise))] for x in u]  # no served spread
+    drawn = profile.with_serving(served).noise_factors(u)
+    assert drawn == [0.9, 1.0, 1.3]
+    assert mean_noise_factor(profile.with_serving(served)) == pytest.approx(3.2 / 3, abs=1e-3)
+    assert mean_noise_factor(ConstantCost(0.01)) == 1.0
 
 
 @dataclass

@@ -18,9 +18,10 @@ pytest.importorskip("torch")
 from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
-from calibration.serving import PATHS, scale_path  # noqa: E402
+from calibration.serving import NOISE_QUANTILES, PATHS, scale_path  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
+from sim.costs import mean_noise_factor  # noqa: E402
 from sim.validate import (  # noqa: E402
     OVERLOAD_DECODE_MAX_SEQS,
     STEADY_COMPLETIONS,
@@ -286,6 +287,12 @@ def test_a_run_compares_on_its_own_host_from_its_overload_passes(run, tmp_path):
     assert factors and all(path in PATHS for path in factors) and all(f > 0 for f in factors.values())
     (without_decodes,) = overload_path_factors(out, profile, decode_max_seqs=0)  # the CPU's eager decode steps
     assert without_decodes.keys() <= factors.keys() and factors != pytest.approx(without_decodes)
+    # a spread whose mean is 1.25 (here 1, 1, 1, 2) makes the simulated passes that much slower on average than
+    # their median (the sweep's spread of this CPU's profile, ``swept``): the host's own excess over them is less
+    spread = profile.with_serving(profile.serving.with_noise([1.0, 1.0, 1.0, 2.0]))
+    (over_spread,) = overload_path_factors(out, spread)
+    swept = mean_noise_factor(profile)
+    assert over_spread == pytest.approx({path: f * swept / 1.25 for path, f in factors.items()})
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
                                            str(tmp_path / "own"), "--host-from-overload"])
     assert result.exit_code == 0, result.output
@@ -661,6 +668,30 @@ def test_recorded_hosts_compare_each_overload_run_served_and_simulated(run, cpu_
                                            str(tmp_path / "d"), "--record-hosts", str(tmp_path / "x.json"),
                                            "--fit-serving", str(tmp_path / "y.json")])
     assert result.exit_code == 2 and "drop --record-hosts" in result.output
+
+
+def test_fit_noise_writes_the_served_spread_that_the_simulator_draws_from(run, cpu_profile, tmp_path):
+    """--fit-noise measures the served passes' spread around the section's price on the warm-up and overload runs
+    (each run over its median) and keeps the profile's hosts; a profile without a serving section is refused."""
+    out, _ = run
+    served = load_profile(out / "served.json")
+    noisy = tmp_path / "noisy.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "c"), "--fit-noise", str(noisy)])
+    assert result.exit_code == 0, result.output
+    assert "served passes over their price" in result.output
+    profile = load_profile(noisy)
+    q, fit = profile.serving.noise_q, profile.serving.fit["noise"]
+    assert len(q) == NOISE_QUANTILES and (np.diff(q) >= 0).all() and (q > 0).all()
+    assert fit["hosts"] == 1 and fit["passes"] >= 20 and abs(np.median(q) - 1.0) < 0.05
+    assert profile.hosts.runs == served.hosts.runs  # kept: --record-hosts records them again
+    f = PassFeatures(8, 0, 8, 8, 0, 8 * 30, 0, 8)
+    assert profile.predict(f) == served.predict(f)  # the medians stay the section's
+    u = np.array([0.0, 0.5, 0.9999])
+    assert profile.noise_factors(u) == [q[int(x * len(q))] for x in u]
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "d"), "--fit-noise", str(tmp_path / "x.json")])
+    assert result.exit_code == 1 and "no serving section" in result.output and not (tmp_path / "x.json").exists()
 
 
 def test_a_runs_host_is_its_cards_where_recorded():
