@@ -3,7 +3,8 @@
 # with the whole card. Packs the runs (raw client records and pass traces, for `validate --from`) and the machine's
 # facts (GPUs, software, clock and power sampled each second, each grid's log) under $OUT.
 # usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1=... G2=... G3=...] calibration/device_validate.sh
-#   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"
+#   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"; LOADS "-" runs no open-loop
+#   cell (closed loop only: EXTRA="--clients 1,2,4,8,16,32")
 # env: MIXES (default "long short"), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
 #   EXTRA (more validate options, e.g. "--repeats 2"), NEED (a card name the GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
@@ -43,11 +44,13 @@ for gpu in 0 1 2 3; do
     spec=${!spec_name:-}
     [ -z "$spec" ] && continue
     read -r model profile scheduler seed loads requests cell_s <<<"$spec"
+    load_options=(--loads "$loads")
+    [ "$loads" = "-" ] && load_options=()
     visible_name=V$gpu
     visible=${!visible_name:-$gpu}
     # shellcheck disable=SC2086  # EXTRA holds several options
     CUDA_VISIBLE_DEVICES=$visible timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
-        "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" --loads "$loads" -n "$requests" \
+        "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" "${load_options[@]}" -n "$requests" \
         --cell-seconds "$cell_s" --workload-seed "$seed" --time-budget "${TB:-450}" --out "$work/runs/g$gpu" \
         ${EXTRA:-} >"$work/meta/g$gpu.log" 2>&1 &
     pids+=($!)
