@@ -96,23 +96,28 @@ async def warm_up(client, url: str) -> None:
 
 async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
                        t0: float | None = None, ids=None, max_concurrency: int | None = None,
-                       progress: bool = False) -> list[Record]:
+                       progress: bool = False, claimed=None) -> list[Record]:
     """Send every request (open or closed loop); times are seconds since ``t0`` (a ``time.perf_counter`` value,
     system-wide on Linux, so client processes started together can share it; default: now). ``ids``: send only
     these rows of ``table`` (one client process's share). ``max_concurrency``: in open loop, at most this many
     requests in flight (a request due while the limit is reached waits, and its latencies start when it is
-    sent, as in vLLM). ``progress``: a tqdm bar of finished requests on stderr. The client is warmed up
-    (``warm_up``) before the first request."""
+    sent, as in vLLM). ``claimed``: in closed loop, a counter of the rows taken that client processes share
+    (``multiprocessing.Value``): each client takes the next row of the whole table when its last request
+    finishes, not of its process's share, and ``ids`` is ignored. ``progress``: a tqdm bar of finished requests
+    on stderr. The client is warmed up (``warm_up``) before the first request."""
     import httpx
     from tqdm import tqdm
 
-    ids = range(len(table)) if ids is None else ids
-    records = {i: Record(i, int(table.prompt_tokens[i]), int(table.output_tokens[i])) for i in ids}
+    shared = claimed is not None and table.arrivals is None
+    ids = () if shared else range(len(table)) if ids is None else ids
+    records = {i: _record(table, i) for i in ids}
     limits = httpx.Limits(max_connections=max(clients, max_concurrency or 0, 1) + 1024,
                           keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S)
-    bar = tqdm(total=len(records), desc="requests", unit="req", disable=not progress, mininterval=1.0)
+    bar = tqdm(total=None if shared else len(records), desc="requests", unit="req", disable=not progress,
+               mininterval=1.0)
 
     async def one(client, i: int) -> None:
+        records.setdefault(i, _record(table, i))
         await send(client, url, model, prompts[i], records[i], t0)
         bar.update(1)
 
@@ -129,10 +134,12 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
 
             await asyncio.gather(*(at(i) for i in records))
         else:  # closed loop: each client sends its next request when the last one finishes
+            await asyncio.sleep(max(0.0, t0 - time.perf_counter()))  # every process's clients start together
             next_id = iter(records)
+            take = (lambda: _claim(claimed, len(table))) if shared else (lambda: next(next_id, None))
 
             async def worker() -> None:
-                for i in next_id:
+                while (i := take()) is not None:
                     await one(client, i)
 
             await asyncio.gather(*(worker() for _ in range(clients)))
@@ -140,13 +147,29 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
     return list(records.values())
 
 
+def _record(table, i: int) -> Record:
+    return Record(i, int(table.prompt_tokens[i]), int(table.output_tokens[i]))
+
+
+def _claim(claimed, rows: int) -> int | None:
+    """The next row no client has taken (``claimed``: a shared counter), or None when every row is taken."""
+    with claimed.get_lock():
+        i = claimed.value
+        if i >= rows:
+            return None
+        claimed.value = i + 1
+        return i
+
+
 def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout: float,
                processes: int = 1, t0: float | None = None, max_concurrency: int | None = None,
                progress: bool = False) -> list[Record]:
     """``run_workload`` spread over ``processes`` client processes that share one clock origin ``t0`` (default:
     0.2 s from now, so every process is up before the first arrival): one Python process parsing thousands of
-    streamed events a second lags the server it measures. Process p sends rows p, p + processes, ...; in closed
-    loop it runs its share of the ``clients``, in open loop its share of ``max_concurrency``. Records come back
+    streamed events a second lags the server it measures. In open loop process p sends rows p, p + processes,
+    ... with its share of ``max_concurrency``; in closed loop it runs its share of the ``clients``, which take
+    rows from one queue, as the simulator's clients do (with a fixed share each, a process whose requests ran
+    longer would finish last, alone, and lower the measured throughput by several percent). Records come back
     in row order; the first process shows the progress bar (of its share)."""
     t0 = time.perf_counter() + 0.2 if t0 is None else t0
     if table.arrivals is None:  # closed loop: every process runs one client at least
@@ -161,15 +184,25 @@ def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout
     def share(total: int | None, p: int) -> int | None:
         return total and total // processes + (p < total % processes)
 
+    context = multiprocessing.get_context("fork")
+    claimed = context.Value("q", 0) if table.arrivals is None else None
     shares = [(url, model, table, prompts, share(clients, p), timeout, t0, range(p, len(table), processes),
                share(max_concurrency, p), progress and p == 0) for p in range(min(processes, len(table)))]
-    with multiprocessing.get_context("fork").Pool(len(shares)) as pool:
+    with context.Pool(len(shares), initializer=_share_rows, initargs=(claimed,)) as pool:
         parts = pool.starmap(_run_share, shares)
     return sorted((r for part in parts for r in part), key=lambda r: r.id)
 
 
+_claimed = None  # in a client process: the closed loop's shared counter of rows taken (``_share_rows``)
+
+
+def _share_rows(claimed) -> None:
+    global _claimed
+    _claimed = claimed
+
+
 def _run_share(*args) -> list[Record]:
-    return asyncio.run(run_workload(*args))
+    return asyncio.run(run_workload(*args, claimed=_claimed))
 
 
 @dataclass
