@@ -47,6 +47,10 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   (``Profile.noise_factors``): served passes spread about five times as widely as a pass repeated alone, with a
   longer upper tail, so their mean lies above the median the section's numbers price (``calibration/VALIDATION.md``,
   thirty-third round). Older sections have none: the sweep's spread.
+
+A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
+heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
+were one host.
 """
 
 from __future__ import annotations
@@ -226,6 +230,13 @@ class ServingModel:
         d = self.to_dict()
         return ServingModel.from_dict({**d, "noise_q": list(noise_q), "fit": {**d["fit"], "noise": dict(fit or {})}})
 
+    def with_path_levels(self, levels: Mapping[str, float], fit: Mapping | None = None) -> ServingModel:
+        """This section with ``levels`` as those paths' scales at heat 0 (``fit_path_levels``), their heat growth
+        kept, and ``fit`` (how they were measured) under the fit's "levels"."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
+                                       "fit": {**d["fit"], "levels": dict(fit or {})}})
+
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
@@ -261,6 +272,49 @@ def served_noise(ratios: Mapping[str, Sequence[np.ndarray]]) -> tuple[list[float
         "mean": round(float(q.mean()), 5), "p10": round(float(np.quantile(q, 0.1)), 5),
         "p90": round(float(np.quantile(q, 0.9)), 5), "p99": round(float(np.quantile(q, 0.99)), 5),
         "host_means": means}
+
+
+LEVEL_DECODE_MAX_SAMPLES = 128  # larger decode steps run hotter than any cell's below saturation
+
+
+def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None = None,
+                    min_count: int = 10) -> tuple[dict[str, float], dict]:
+    """({path: scale at heat 0}, fit summary) of ``paths`` (default: every path ``passes`` hold) at the median
+    host: each host's median of served / priced step less ``serving``'s heat growth at the pass's heat, then the
+    median over the hosts with ``min_count`` passes of the path, each host weighing as one. ``passes``: rows as
+    ``fit_serving`` takes (``model_s`` the swept step; the section's attention scale is added). Only the level
+    moves: the heat growth, loop, spreads and noise stay the section's. Passes with a spread of decode contexts
+    are left out, as are decode steps of more than ``LEVEL_DECODE_MAX_SAMPLES`` sequences (an overload run's
+    largest batches, hotter than any cell's)."""
+    import pandas as pd
+
+    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "spread_tokens", "heat",
+                                           "host", "attention_s", "prefill_tokens"])
+    numbers = ["pass_s", "model_s", "num_samples", "spread_tokens", "heat", "attention_s", "prefill_tokens"]
+    passes[numbers] = passes[numbers].astype(float).fillna({"spread_tokens": 0.0, "heat": 0.0, "attention_s": 0.0,
+                                                            "prefill_tokens": 0.0})
+    passes["host"] = passes["host"].astype(object).fillna("")
+    unknown = sorted(set(paths or ()) - set(PATHS))
+    if unknown:
+        raise ValueError(f"unknown serving path {unknown[0]!r}; paths are {', '.join(PATHS)}")
+    kept = (passes["spread_tokens"] == 0) & ((passes["prefill_tokens"] > 0)
+                                             | (passes["num_samples"] <= LEVEL_DECODE_MAX_SAMPLES))
+    passes = passes[kept & passes["path"].isin(paths if paths else PATHS)]
+    if passes.empty:
+        raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
+    model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
+    level = passes["pass_s"] / model_s - passes["path"].map(serving.heat_scale).fillna(0.0) * passes["heat"]
+    rows = passes.assign(level=level)[np.isfinite(level)]
+    levels, fit = {}, {}
+    for path, part in rows.groupby("path"):
+        hosts = {host: float(np.median(g["level"])) for host, g in part.groupby("host") if len(g) >= min_count}
+        if hosts:
+            levels[path] = float(np.median(list(hosts.values())))
+            fit[path] = {"n": int(len(part)), "hosts": len(hosts), "before": serving.path_scale[path],
+                         "host_levels": hosts}
+    if not levels:
+        raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
+    return levels, fit
 
 
 def _line(x, y, name: str) -> tuple[float, float, dict]:

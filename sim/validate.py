@@ -1021,6 +1021,21 @@ def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, s
     return profile.with_hosts(HostSpread(tuple(kept + rows)))
 
 
+def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str], paths: tuple[str, ...] = ()):
+    """``profile`` with its serving paths' levels at the median host of the ``measured`` runs' warm-up and overload
+    passes (``calibration.serving.fit_path_levels``; ``paths``: those to fit, default every one served) and those
+    runs' hosts recorded again, since the levels move their simulated rates."""
+    from calibration.serving import fit_path_levels
+
+    if profile.serving is None:
+        raise ValueError("the profile has no serving section whose levels to move")
+    bare = profile.with_serving(None)
+    passes = [row for directory in measured for row in serving_measurements(directory, bare, hosts.get(directory))[0]]
+    levels, fit = fit_path_levels(passes, profile.serving, paths)
+    moved = profile.with_serving(profile.serving.with_path_levels(levels, fit)).with_hosts(profile.hosts)
+    return with_measured_hosts(moved, measured, hosts)
+
+
 def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
@@ -1102,6 +1117,13 @@ def _command():
                        "draws pass times from instead of the sweep's repeats; compare with that. With --fit-serving "
                        "it measures the new section and records the runs' hosts again; else the profile's hosts "
                        "are kept (add --record-hosts to record these runs' again).")
+    @click.option("--fit-levels", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with serving paths' levels (scales at heat 0) moved to the median host of "
+                       "the runs' warm-up and overload passes, each host weighing as one, the heat growth and the "
+                       "rest of the section kept; records the runs' hosts again and compares with that.")
+    @click.option("--level-path", "level_paths", multiple=True,
+                  help="With --fit-levels, a path whose level to fit (e.g. eager-prefill); repeat for several "
+                       "(default: every path the runs served).")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1120,7 +1142,8 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
-                 measured, host_labels, fit_serving, fit_noise, record_hosts, exclude_first_requests,
+                 measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, record_hosts,
+                 exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
@@ -1141,13 +1164,15 @@ def _command():
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),
-                            ("--fit-noise", fit_noise)):
+                            ("--fit-noise", fit_noise), ("--fit-levels", fit_levels)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and not isinstance(cost, Profile):
             raise click.UsageError("--host-from-overload needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and host_margin:
             raise click.UsageError("--host-from-overload measures each run's host; drop --host-margin")
+        if level_paths and not fit_levels:
+            raise click.UsageError("--level-path names a path for --fit-levels; give --fit-levels FILE")
         if fit_serving and record_hosts:
             raise click.UsageError("--fit-serving records its runs' hosts in its profile; drop --record-hosts")
         if not measured:
@@ -1193,13 +1218,22 @@ def _command():
             click.echo(f"served passes over their price, each run over its median ({noise['hosts']} hosts, "
                        f"{noise['passes']} passes): mean {noise['mean']:.4f}, p10 {noise['p10']:.4f}, p90 "
                        f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
+        if fit_levels:
+            try:
+                cost = with_path_levels(cost, measured, hosts, level_paths)
+            except ValueError as e:
+                raise click.ClickException(f"--fit-levels: {e}") from None
+            cost.save(fit_levels)
+            moved = ", ".join(f"{path} {fit['before']:.4f} -> {cost.serving.path_scale[path]:.4f} ({fit['hosts']} "
+                              f"hosts)" for path, fit in cost.serving.fit["levels"].items())
+            click.echo(f"serving levels at heat 0, the hosts' median: {moved}; wrote {fit_levels}")
         if record_hosts:
             try:
                 cost = with_measured_hosts(cost, measured, hosts)
             except ValueError as e:
                 raise click.ClickException(f"--record-hosts: {e}") from None
             cost.save(record_hosts)
-        if fit_serving or record_hosts:
+        if fit_serving or record_hosts or fit_levels:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
                        f"wrote {fit_serving or record_hosts}")

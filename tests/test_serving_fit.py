@@ -15,6 +15,7 @@ from calibration.serving import (
     PrefillHeat,
     ServingModel,
     decode_spread_tokens,
+    fit_path_levels,
     fit_serving,
     prefill_heats,
     scale_path,
@@ -375,6 +376,36 @@ def test_hosts_that_span_the_heat_set_its_growth_and_every_host_its_level():
     assert s.heat_scale["decode-graph"] == pytest.approx(0.14, abs=0.005)
     assert s.path_scale["decode-graph"] == pytest.approx(0.8575, abs=0.003)
     assert s.fit["path_scale"]["decode-graph"]["host_levels"]["hot"] == pytest.approx(0.855, abs=0.003)
+
+
+def test_a_paths_level_moves_to_the_median_host_and_keeps_its_heat_growth():
+    """Three hosts ran prompts alone at served / swept = level + 0.1 x heat, levels 0.95, 0.98 and 1.10 (the last
+    with ten times the passes): the path's level is the median host's, read at the section's growth, which stays;
+    so do the paths not asked for. Decode steps of over 128 sequences, hotter than any cell's, are left out."""
+    rng = np.random.default_rng(8)
+    section = ServingModel(path_scale={"mixed-prefill": 0.90, "decode-graph": 1.0},
+                           heat_scale={"mixed-prefill": 0.1, "decode-graph": 0.05})
+
+    def host(name: str, n: int, level: float, path: str = "mixed-prefill", samples: int = 4) -> dict:
+        heat = rng.uniform(0, 1, n)
+        return {"path": [path] * n, "model_s": np.full(n, 0.02), "heat": heat, "host": [name] * n,
+                "pass_s": 0.02 * (level + 0.1 * heat + rng.normal(0, 0.003, n)), "num_samples": np.full(n, samples),
+                "prefill_tokens": np.full(n, 512 if path == "mixed-prefill" else 0)}
+
+    passes = joined(host("a", 200, 0.95), host("b", 200, 0.98), host("c", 2000, 1.10),
+                    host("a", 300, 1.01, "decode-graph"), host("a", 300, 1.30, "decode-graph", samples=200))
+    levels, fit = fit_path_levels(passes, section, ["mixed-prefill"])
+    assert levels == {"mixed-prefill": pytest.approx(0.98, abs=0.003)}
+    assert fit["mixed-prefill"]["hosts"] == 3 and fit["mixed-prefill"]["before"] == 0.90
+    moved = section.with_path_levels(levels, fit)
+    assert moved.path_scale["mixed-prefill"] == levels["mixed-prefill"] and moved.path_scale["decode-graph"] == 1.0
+    assert moved.heat_scale == section.heat_scale and moved.fit["levels"] == fit
+    # decode steps grew at 0.1 a unit of heat, the section prices 0.05: its level reads the rest at the median heat
+    assert fit_path_levels(passes, section)[0]["decode-graph"] == pytest.approx(1.01 + 0.05 * 0.5, abs=0.01)
+    with pytest.raises(ValueError, match="unknown serving path 'prefill'"):
+        fit_path_levels(passes, section, ["prefill"])
+    with pytest.raises(ValueError, match="no path has 10 passes"):
+        fit_path_levels(passes, section, ["eager"])
 
 
 def test_each_host_weighs_as_one_in_the_loop():

@@ -701,3 +701,34 @@ def test_a_runs_host_is_its_cards_where_recorded():
     assert run_host(meta, Path("runs/a")) == "GPU-592555b7"
     assert run_host({"host": {"hostname": "vm", "gpus": []}}, Path("runs/a")) == "vm"
     assert run_host(meta, Path("runs/a"), "host-24") == "host-24"
+
+
+def test_fit_levels_moves_a_paths_level_to_the_runs_median_host(run, cpu_profile, tmp_path):
+    """--fit-levels refits the named paths' levels on the warm-up and overload passes, keeps the rest of the
+    section and records the runs' hosts again; fitted on the runs its section came from, the level is the
+    section's own. An unknown path, or --level-path alone, is refused by name."""
+    out, _ = run
+    served = load_profile(out / "served.json")
+    fitted = served.serving.fit["path_scale"]
+    path = max(fitted, key=lambda p: fitted[p]["n"])  # on the CPU every pass runs eagerly
+    moved_file = tmp_path / "levels.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "c"), "--fit-levels", str(moved_file),
+                                           "--level-path", path])
+    assert result.exit_code == 0, result.output
+    assert f"serving levels at heat 0, the hosts' median: {path}" in result.output
+    moved = load_profile(moved_file)
+    assert moved.serving.path_scale[path] == pytest.approx(served.serving.path_scale[path], rel=0.01)
+    assert {p: v for p, v in moved.serving.path_scale.items() if p != path} == \
+        {p: v for p, v in served.serving.path_scale.items() if p != path}
+    assert moved.serving.heat_scale == served.serving.heat_scale
+    assert list(moved.serving.fit["levels"]) == [path]
+    assert [r.host for r in moved.hosts.runs] == [r.host for r in served.hosts.runs]
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "d"), "--fit-levels", str(tmp_path / "x.json"),
+                                           "--level-path", "prefill"])
+    assert result.exit_code == 1 and "unknown serving path 'prefill'" in result.output
+    assert not (tmp_path / "x.json").exists()
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "e"), "--level-path", "decode-graph"])
+    assert result.exit_code == 2 and "give --fit-levels FILE" in result.output
