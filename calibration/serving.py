@@ -300,14 +300,14 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     kept = (passes["spread_tokens"] == 0) & ((passes["prefill_tokens"] > 0)
                                              | (passes["num_samples"] <= LEVEL_DECODE_MAX_SAMPLES))
     passes = passes[kept & passes["path"].isin(paths if paths else PATHS)]
-    if passes.empty:
+    if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
     model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
-    level = passes["pass_s"] / model_s - passes["path"].map(serving.heat_scale).fillna(0.0) * passes["heat"]
-    rows = passes.assign(level=level)[np.isfinite(level)]
+    rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
     levels, fit = {}, {}
     for path, part in rows.groupby("path"):
-        hosts = {host: float(np.median(g["level"])) for host, g in part.groupby("host") if len(g) >= min_count}
+        hosts = _host_levels({host: g for host, g in part.groupby("host") if len(g) >= min_count},
+                             serving.heat_scale[path])
         if hosts:
             levels[path] = float(np.median(list(hosts.values())))
             fit[path] = {"n": int(len(part)), "hosts": len(hosts), "before": serving.path_scale[path],
@@ -515,13 +515,18 @@ def _path_scales(passes, min_count: int, several_hosts: bool) -> tuple[dict, dic
         slopes = [s for s in (_heat_slope(rows["heat"].to_numpy(), rows["ratio"].to_numpy())
                               for rows in hosts.values()) if s is not None]
         slope = float(np.median(slopes)) if slopes else 0.0
-        levels = {host: float(np.median(rows["ratio"] - slope * rows["heat"])) for host, rows in hosts.items()}
+        levels = _host_levels(hosts, slope)
         scale[path], heat_scale[path] = float(np.median(list(levels.values()))), slope
         used = pd.concat(hosts.values())
         summary[path] = _heat_summary(used["heat"].to_numpy(), used["ratio"].to_numpy(), scale[path], slope)
         if several_hosts:
             summary[path].update(hosts=len(levels), host_levels=levels)
     return scale, heat_scale, summary
+
+
+def _host_levels(hosts: Mapping, slope: float) -> dict[str, float]:
+    """{host: its level at heat 0}: the median of its passes' served / swept ``ratio`` less ``slope`` x heat."""
+    return {host: float(np.median(rows["ratio"] - slope * rows["heat"])) for host, rows in hosts.items()}
 
 
 def _heat_slope(heat: np.ndarray, ratio: np.ndarray) -> float | None:
