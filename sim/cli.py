@@ -38,6 +38,9 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
 @click.option("--cv", type=float, default=Workload.cv, show_default=True,
               help="Gamma arrivals' coefficient of variation.")
 @click.option("--clients", type=int, default=Workload.clients, help="Closed-loop clients (with --arrivals closed).")
+@click.option("--max-concurrency", type=int, default=Workload.max_concurrency,
+              help="Open loop: at most this many requests in flight; one due at the cap waits, and its latencies "
+                   "start when it is sent (as vLLM's bench --max-concurrency).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="CSV/JSONL trace to replay (its arrival times and lengths; Vidur's and vLLM's column names too).")
 @click.option("--num-requests", "-n", default=Workload.num_requests, show_default=True, type=int)
@@ -93,10 +96,10 @@ def simulate(ctx: click.Context, **options):
         raise click.UsageError(str(e)) from None
 
 
-def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_requests, prompt_len, output_len,
-         max_prompt_len, noise, serve_router, seed, replications, warmup, cooldown, sla_gen_rate, sla_prompt_rate,
-         cumulative_sla, goodput, rates, sweep, sla_target, max_requests_per_replica, max_queue_growth, backend,
-         processes, ray_address, out, report, token_times, progress, **policy_options):
+def _run(profile, replicas, arrivals, rate, load, cv, clients, max_concurrency, trace, num_requests, prompt_len,
+         output_len, max_prompt_len, noise, serve_router, seed, replications, warmup, cooldown, sla_gen_rate,
+         sla_prompt_rate, cumulative_sla, goodput, rates, sweep, sla_target, max_requests_per_replica,
+         max_queue_growth, backend, processes, ray_address, out, report, token_times, progress, **policy_options):
     options = {**locals(), **policy_options}
     del options["policy_options"]
     from sim.cluster import simulate
@@ -122,6 +125,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, trace, num_reques
     sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
               goodput=goodput)
     workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, load=load, cv=cv, clients=clients,
+                        max_concurrency=max_concurrency,
                         prompt=prompt_len, output=output_len, trace=trace, max_prompt_tokens=max_prompt_len)
     capacity = estimate_capacity(config, workload)
     workload = with_rate(workload, config)

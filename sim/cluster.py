@@ -216,6 +216,7 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     table = workload if isinstance(workload, RequestTable) else workload.generate(
         seed if workload_seed is None else workload_seed)
     clients = workload.clients if isinstance(workload, Workload) and workload.arrivals == "closed" else 0
+    max_concurrency = workload.max_concurrency if isinstance(workload, Workload) else None
     n = len(table)
     if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
         raise ValueError(f"--warmup ({warmup}) and --cooldown ({cooldown}) must be shares in [0, 1) summing below 1")
@@ -231,20 +232,23 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if workers is None:
         workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
     workers = min(workers, len(costs))
-    if (workers > 1 and not clients and on_pass is None and routes is None
+    if (workers > 1 and not clients and not max_concurrency and on_pass is None and routes is None
             and config.policy.balancer in STATE_FREE_BALANCERS and _can_fork()):
         log, stats = _simulate_parallel(table, costs, config, seed, log_args, workers, progress)
     else:
-        log, stats = _run(table, costs, config, seed, log_args, clients, progress, choices=routes, on_pass=on_pass)
+        log, stats = _run(table, costs, config, seed, log_args, clients, progress, choices=routes, on_pass=on_pass,
+                          max_concurrency=max_concurrency)
     meta = {"workload": workload if isinstance(workload, Workload) else None, "warmup": warmup, "cooldown": cooldown}
     return _result(log, stats, config, seed, meta)
 
 
 def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log_args: tuple,
          clients: int = 0, progress: bool = False, choices: list[int] | None = None,
-         own: set[int] | None = None, on_pass=None) -> tuple[RequestLog, list[dict]]:
+         own: set[int] | None = None, on_pass=None,
+         max_concurrency: int | None = None) -> tuple[RequestLog, list[dict]]:
     """Simulate in this process. ``choices`` (the replica of each request, decided beforehand) and ``own`` (the
-    replicas simulated here; requests for others are skipped) are for a worker of ``_simulate_parallel``."""
+    replicas simulated here; requests for others are skipped) are for a worker of ``_simulate_parallel``.
+    ``max_concurrency``: the open loop's cap on requests in flight (``Workload.max_concurrency``)."""
     n = len(table)
     env = simpy.Environment()
     log = RequestLog(*log_args)
@@ -299,21 +303,42 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
                 now = reach
             send(i, sent)
 
+    def round_trip(i: int):
+        # the client sends request i now and has its last token when this process ends
+        done = waiters[i] = env.event()
+        sent = env.now
+        if admission[i]:
+            yield env.timeout(admission[i])
+        send(i, sent)
+        yield done
+        finish = done.value  # when the client has the last token: the next request is sent then
+        if finish > env.now:
+            yield env.timeout(finish - env.now)
+
     next_id = [0]
 
     def client():
         while next_id[0] < n:
             i = next_id[0]
             next_id[0] += 1
-            done = waiters[i] = env.event()
-            sent = env.now
-            if admission[i]:
-                yield env.timeout(admission[i])
-            send(i, sent)
-            yield done
-            finish = done.value  # when the client has the last token: the next request is sent then
-            if finish > env.now:
-                yield env.timeout(finish - env.now)
+            yield from round_trip(i)
+
+    def capped_open_loop():
+        # requests due while max_concurrency are in flight wait in arrival order (a FIFO resource) and are sent,
+        # their latencies starting, when one finishes
+        slots = simpy.Resource(env, capacity=max_concurrency)
+
+        def capped(i: int):
+            with slots.request() as slot:
+                yield slot
+                yield from round_trip(i)
+
+        now = 0.0
+        for i, due in enumerate(table.arrivals.tolist()):
+            if due > now:
+                yield env.timeout(due - now)
+                now = due
+            env.process(capped(i))
 
     def report_kv_usage():
         # The router hears each replica's KV usage from its periodic health checks, and adds what it sent since.
@@ -331,6 +356,8 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
     if clients:
         for _ in range(clients):
             env.process(client())
+    elif max_concurrency:
+        env.process(capped_open_loop())
     else:
         env.process(open_loop())
     if balancer.reads_kv_usage and choices is None:

@@ -57,18 +57,20 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
 
 def _workload_rows(workload: Workload, config) -> dict[str, str]:
     capacity = estimate_capacity(config, workload)
+    cap = f", at most {workload.max_concurrency:,} in flight" if workload.max_concurrency else ""
     if workload.arrivals == "trace":
         table = workload.generate(0)
         span = float(table.arrivals[-1] - table.arrivals[0])
         offered = (len(table) - 1) / span if span > 0 else float("nan")
         prompt, output = workload.mean_lengths()
-        return {"arrivals": f"trace {workload.trace}: {len(table):,} requests over {number(span)} s",
+        return {"arrivals": f"trace {workload.trace}: {len(table):,} requests over {number(span)} s{cap}",
                 "rate": f"{number(offered)} req/s offered, {offered / capacity:.0%} of the estimated capacity "
                         f"{number(capacity)} req/s",
                 "lengths": f"the trace's: mean prompt {number(prompt)}, mean output {number(output)} tokens"}
     clip = f", clipped at {workload.max_prompt_tokens:,}" if workload.max_prompt_tokens else ""
     rows = {"arrivals": workload.arrivals + (f" (cv {number(workload.cv)})" if workload.arrivals == "gamma" else "")
-            + (f", {workload.clients:,} clients" if workload.arrivals == "closed" else ""),
+            + (f", {workload.clients:,} clients" if workload.arrivals == "closed" else "")
+            + cap,
             "requests per replication": f"{workload.num_requests:,}",
             "lengths": f"prompt {workload.prompt}{clip}; output {workload.output} (tokens)"}
     if workload.rate is not None:

@@ -134,7 +134,9 @@ def _read_column(path: Path, column: str, flag: str) -> np.ndarray:
 @dataclass
 class Workload:
     """What to send. ``rate`` in requests/s for the open-loop arrivals; ``cv`` is the gamma arrivals'
-    coefficient of variation (1 = Poisson, >1 burstier); ``clients`` for closed loop. ``arrivals`` None means
+    coefficient of variation (1 = Poisson, >1 burstier); ``clients`` for closed loop; ``max_concurrency`` caps the
+    open loop's requests in flight (vLLM's ``--max-concurrency``: a request due at the cap waits for the first to
+    finish, in arrival order, and its latencies start when it is sent). ``arrivals`` None means
     trace replay when a ``trace`` is given, else Poisson. Without a ``rate``, open-loop arrivals come at ``load``
     times the cluster's estimated saturation rate (``sim.saturation.with_rate``, which ``simulate`` applies).
     ``prompt``/``output``: a ``LengthDist`` or its spec string. Sampled prompts are clipped at
@@ -146,6 +148,7 @@ class Workload:
     load: float = 0.8
     cv: float = 1.0
     clients: int = 0
+    max_concurrency: int | None = None
     prompt: LengthDist | str = LengthDist("normal", (2600.0, 0.3))
     output: LengthDist | str = LengthDist("normal", (128.0, 0.3))
     trace: str | Path | None = None
@@ -170,6 +173,7 @@ class Workload:
                 raise ValueError("--trace: a trace file is needed for trace arrivals")
             if self.rate is not None:
                 raise ValueError("--rate: a trace is replayed at its own arrival times; drop --rate")
+            self._validate_max_concurrency()
             return
         if not isinstance(self.num_requests, (int, np.integer)) or self.num_requests < 1:
             raise ValueError(f"--num-requests must be >= 1, got {self.num_requests!r}")
@@ -182,6 +186,15 @@ class Workload:
             raise ValueError(f"--max-prompt-len must be >= 1, got {self.max_prompt_tokens!r}")
         if self.arrivals == "closed" and self.clients < 1:
             raise ValueError(f"--clients must be >= 1 for closed-loop arrivals, got {self.clients!r}")
+        self._validate_max_concurrency()
+
+    def _validate_max_concurrency(self) -> None:
+        if self.max_concurrency is None:
+            return
+        if self.arrivals == "closed":
+            raise ValueError("--max-concurrency caps open-loop arrivals; a closed loop's cap is its --clients")
+        if not isinstance(self.max_concurrency, (int, np.integer)) or self.max_concurrency < 1:
+            raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency!r}")
 
     def generate(self, seed: int) -> RequestTable:
         """The requests of this workload for ``seed`` (lengths, and arrival times for open loop)."""

@@ -107,3 +107,13 @@ def test_simulate_reads_goodput_as_vllm_does():
                                            "--rate", "1", "--goodput", "ttft:200", "tpot:50", "--report", "none"])
     assert result.exit_code == 0, result.output
     assert "ttft 200 ms, tpot 50 ms" in result.output
+
+
+def test_simulate_caps_an_open_loop_as_vllm_does():
+    result = CliRunner().invoke(simulate, ["--profile", "builtin-llama-2-7b", "--replicas", "1", "-n", "40",
+                                           "--rate", "50", "--max-concurrency", "4", "--report", "none"])
+    assert result.exit_code == 0, result.output
+    assert "poisson, at most 4 in flight" in result.output
+    result = CliRunner().invoke(simulate, ["--profile", "builtin-llama-2-7b", "--arrivals", "closed", "--clients", "2",
+                                           "--max-concurrency", "4"])
+    assert result.exit_code == 2 and "a closed loop's cap is its --clients" in result.output

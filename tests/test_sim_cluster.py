@@ -1,6 +1,8 @@
 """The simulated cluster: conservation, determinism, the scheduler comparison FastGen reports, and the
 arrival processes."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -94,6 +96,46 @@ def test_closed_loop_clients_never_exceed_their_number():
     events = events[np.lexsort((events[:, 1], events[:, 0]))]  # a finish before a send at the same instant
     assert np.cumsum(events[:, 1]).max() == 5
     assert len(df) == 300
+
+
+def in_flight_peak(df) -> int:
+    events = np.concatenate([np.stack([df["arrival"], np.ones(len(df))], 1),
+                             np.stack([df["finish"], -np.ones(len(df))], 1)])
+    events = events[np.lexsort((events[:, 1], events[:, 0]))]  # a finish before a send at the same instant
+    return int(np.cumsum(events[:, 1]).max())
+
+
+def test_open_loop_max_concurrency_sends_in_arrival_order_under_the_cap():
+    w = small_workload(n=300, rate=200.0, max_concurrency=3)
+    config = ClusterConfig(SMALL, replicas=2, policy=PolicyConfig(balancer="round-robin"))
+    df = simulate(w, config, seed=0).requests.sort_values("id")
+    due = w.generate(0).arrivals
+    assert in_flight_peak(df) == 3 and len(df) == 300
+    assert (df.arrival.to_numpy() >= due - 1e-12).all() and df.arrival.is_monotonic_increasing  # FIFO
+    assert (df.arrival.to_numpy() > due + 1).any()  # the cap held requests back, their latencies start when sent
+    uncapped = simulate(dataclasses.replace(w, max_concurrency=None), config, seed=0).requests
+    loose = simulate(dataclasses.replace(w, max_concurrency=300), config, seed=0).requests
+    pd.testing.assert_frame_equal(loose, uncapped)
+
+
+def test_a_capped_request_is_sent_when_the_client_has_the_last_token(tmp_path):
+    """With one request in flight, each is sent at the later of its arrival and the last token of the one before
+    (which reaches the client ``delivery`` after its pass)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,5,3\n0.1,5,3\n0.2,5,3\n5,5,3\n")
+    cost = ConstantCost(0.01, admission_s=0.25, delivery_s=0.125)
+    workload = Workload(trace=trace, max_concurrency=1)
+    df = simulate(workload, ClusterConfig(cost, policy=PolicyConfig()), seed=0).requests.sort_values("id")
+    finish = df.finish.to_numpy()
+    assert df.arrival.tolist() == pytest.approx([0.0, finish[0], finish[1], 5.0])
+    assert df.e2e.tolist() == pytest.approx([0.25 + 3 * 0.01 + 0.125] * 4)
+
+
+def test_max_concurrency_is_for_open_loops_and_positive():
+    with pytest.raises(ValueError, match="a closed loop's cap is its --clients"):
+        Workload(arrivals="closed", clients=2, max_concurrency=2).validate()
+    with pytest.raises(ValueError, match="--max-concurrency must be >= 1"):
+        Workload(rate=1.0, max_concurrency=0).validate()
 
 
 def test_gamma_arrivals_are_burstier_than_poisson():
