@@ -96,12 +96,13 @@ async def warm_up(client, url: str) -> None:
 
 async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
                        t0: float | None = None, ids=None, max_concurrency: int | None = None,
-                       progress: bool = False, claimed=None) -> list[Record]:
+                       progress: bool = False, claimed=None, cap: SharedCap | None = None) -> list[Record]:
     """Send every request (open or closed loop); times are seconds since ``t0`` (a ``time.perf_counter`` value,
     system-wide on Linux, so client processes started together can share it; default: now). ``ids``: send only
     these rows of ``table`` (one client process's share). ``max_concurrency``: in open loop, at most this many
     requests in flight (a request due while the limit is reached waits, and its latencies start when it is
-    sent, as in vLLM). ``claimed``: in closed loop, a counter of the rows taken that client processes share
+    sent, as in vLLM); ``cap``: that limit shared with other client processes (``SharedCap``), which then
+    replaces this process's own. ``claimed``: in closed loop, a counter of the rows taken that client processes share
     (``multiprocessing.Value``): each client takes the next row of the whole table when its last request
     finishes, not of its process's share, and ``ids`` is ignored. ``progress``: a tqdm bar of finished requests
     on stderr. The client is warmed up (``warm_up``) before the first request."""
@@ -124,7 +125,9 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10), limits=limits) as client:
         await warm_up(client, url)
         t0 = time.perf_counter() if t0 is None else t0
-        if table.arrivals is not None:  # open loop: send at the scheduled times, whatever the server does
+        if table.arrivals is not None and cap is not None:  # open loop under a cap every client process shares
+            await _send_capped(cap, table, t0, records, lambda i: one(client, i))
+        elif table.arrivals is not None:  # open loop: send at the scheduled times, whatever the server does
             gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
 
             async def at(i: int) -> None:
@@ -147,6 +150,59 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
     return list(records.values())
 
 
+async def _send_capped(cap: SharedCap, table, t0: float, rows, one) -> None:
+    """Send ``rows`` (ascending: in arrival order) at their times, each once ``cap`` lets it go (``cap.enter``
+    blocks, so it waits in a thread)."""
+    loop = asyncio.get_running_loop()
+
+    async def one_then_leave(i: int) -> None:
+        try:
+            await one(i)
+        finally:
+            cap.leave()
+
+    sending = []
+    try:
+        for i in rows:
+            await asyncio.sleep(max(0.0, t0 + float(table.arrivals[i]) - time.perf_counter()))
+            await loop.run_in_executor(None, cap.enter, i)
+            sending.append(asyncio.create_task(one_then_leave(i)))
+        await asyncio.gather(*sending)
+    except BaseException:
+        cap.abort()  # the other processes' rows wait for this one's: let them fail instead of hanging
+        raise
+
+
+class SharedCap:
+    """vLLM's ``--max-concurrency`` over several client processes: the rows of an open loop (in arrival order) are
+    sent in that order, each once fewer than ``limit`` requests are in flight over every process, as one
+    process's FIFO semaphore sends them. ``enter`` blocks."""
+
+    def __init__(self, limit: int, context) -> None:
+        self.limit = limit
+        self._changed = context.Condition()
+        self._state = context.RawArray("q", 3)  # the next row to send, requests in flight, aborted
+
+    def enter(self, row: int) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._state[2] or (self._state[0] == row and self._state[1] < self.limit))
+            if self._state[2]:
+                raise RuntimeError("another client process failed; its rows were never sent")
+            self._state[0] += 1
+            self._state[1] += 1
+            self._changed.notify_all()
+
+    def leave(self) -> None:
+        with self._changed:
+            self._state[1] -= 1
+            self._changed.notify_all()
+
+    def abort(self) -> None:
+        with self._changed:
+            self._state[2] = 1
+            self._changed.notify_all()
+
+
 def _record(table, i: int) -> Record:
     return Record(i, int(table.prompt_tokens[i]), int(table.output_tokens[i]))
 
@@ -167,42 +223,42 @@ def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout
     """``run_workload`` spread over ``processes`` client processes that share one clock origin ``t0`` (default:
     0.2 s from now, so every process is up before the first arrival): one Python process parsing thousands of
     streamed events a second lags the server it measures. In open loop process p sends rows p, p + processes,
-    ... with its share of ``max_concurrency``; in closed loop it runs its share of the ``clients``, which take
-    rows from one queue, as the simulator's clients do (with a fixed share each, a process whose requests ran
-    longer would finish last, alone, and lower the measured throughput by several percent). Records come back
-    in row order; the first process shows the progress bar (of its share)."""
+    ..., and ``max_concurrency`` caps the requests in flight over every process (``SharedCap``; split into a share
+    each, a process at its share would hold back requests that another had room for); in closed loop it runs its
+    share of the ``clients``, which take rows from one queue, as the simulator's clients do (with a fixed share
+    each, a process whose requests ran longer would finish last, alone, and lower the measured throughput by
+    several percent). Records come back in row order; the first process shows the progress bar (of its share)."""
     t0 = time.perf_counter() + 0.2 if t0 is None else t0
     if table.arrivals is None:  # closed loop: every process runs one client at least
         processes = min(processes, clients)
-    if max_concurrency:
-        processes = min(processes, max_concurrency)
     if processes <= 1:
         return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0, None, max_concurrency,
                                         progress))
     import multiprocessing
 
-    def share(total: int | None, p: int) -> int | None:
-        return total and total // processes + (p < total % processes)
+    def share(total: int, p: int) -> int:
+        return total // processes + (p < total % processes)
 
     context = multiprocessing.get_context("fork")
-    claimed = context.Value("q", 0) if table.arrivals is None else None
+    closed = table.arrivals is None
+    claimed = context.Value("q", 0) if closed else None
+    cap = SharedCap(max_concurrency, context) if max_concurrency and not closed else None
     shares = [(url, model, table, prompts, share(clients, p), timeout, t0, range(p, len(table), processes),
-               share(max_concurrency, p), progress and p == 0) for p in range(min(processes, len(table)))]
-    with context.Pool(len(shares), initializer=_share_rows, initargs=(claimed,)) as pool:
+               max_concurrency, progress and p == 0) for p in range(min(processes, len(table)))]
+    with context.Pool(len(shares), initializer=_share, initargs=(claimed, cap)) as pool:
         parts = pool.starmap(_run_share, shares)
     return sorted((r for part in parts for r in part), key=lambda r: r.id)
 
 
-_claimed = None  # in a client process: the closed loop's shared counter of rows taken (``_share_rows``)
+_shared = {}  # in a client process: the closed loop's counter of rows taken and the open loop's cap (``_share``)
 
 
-def _share_rows(claimed) -> None:
-    global _claimed
-    _claimed = claimed
+def _share(claimed, cap: SharedCap | None) -> None:
+    _shared.update(claimed=claimed, cap=cap)
 
 
 def _run_share(*args) -> list[Record]:
-    return asyncio.run(run_workload(*args, claimed=_claimed))
+    return asyncio.run(run_workload(*args, **_shared))
 
 
 @dataclass

@@ -49,7 +49,8 @@ def workload_shape(arrivals, request_rate: float, burstiness, cv, max_concurrenc
     """``Workload`` arrival fields from vLLM's flags: an infinite rate sends every request at once (a closed loop
     of ``max_concurrency`` clients, or of one client per request); a finite one is Poisson, or gamma with vLLM's
     ``burstiness`` (shape; cv = 1/sqrt(burstiness)) or ``--cv``; ``--arrivals closed`` is a closed loop of
-    ``--max-concurrency``/``--clients`` clients."""
+    ``--max-concurrency``/``--clients`` clients. An open loop keeps ``max_concurrency`` as its cap on requests in
+    flight (``Workload.max_concurrency``)."""
     if burstiness is not None and cv is not None:
         raise ValueError("--burstiness and --cv both set the gamma arrivals' spread; give one of them")
     if burstiness is not None and not burstiness > 0:
@@ -65,7 +66,7 @@ def workload_shape(arrivals, request_rate: float, burstiness, cv, max_concurrenc
     if burstiness is not None:
         cv = 1 / math.sqrt(burstiness)
     kind = arrivals or ("gamma" if cv is not None and cv != 1 else "poisson")
-    return {"arrivals": kind, "rate": request_rate, "cv": 1.0 if cv is None else cv}
+    return {"arrivals": kind, "rate": request_rate, "cv": 1.0 if cv is None else cv, "max_concurrency": max_concurrency}
 
 
 @click.command(context_settings=SLA_CONTEXT)
@@ -142,14 +143,13 @@ def bench(base_url, model, request_rate, burstiness, max_concurrency, num_prompt
     model = model or info["id"]
     vocab_size = vocab_size or info.get("vocab_size")
     prompts = make_prompts(np.random.default_rng([seed, 0xB0]), table.prompt_tokens, vocab_size)
-    gate = max_concurrency if shape["arrivals"] != "closed" else None
     click.echo(f"server: {url} model {model}; {num_prompts} requests, prompts {prompt_spec}, outputs {output_spec}; "
                f"request rate {request_rate:g} req/s ({_describe(shape)}), max concurrency {max_concurrency}")
 
     before = scrape(url)
     t0 = time.perf_counter() + 0.2
     records = run_spread(url, model, table, prompts, shape.get("clients", 0), timeout, client_processes, t0,
-                         gate, progress=not disable_tqdm)
+                         workload.max_concurrency, progress=not disable_tqdm)
     duration = time.perf_counter() - t0
     result = to_result(records, seed, server_delta(before, scrape(url)))
     _report(result, records, sla, out, {
@@ -173,7 +173,8 @@ def bench(base_url, model, request_rate, burstiness, max_concurrency, num_prompt
 def _describe(shape: dict) -> str:
     if shape["arrivals"] == "closed":
         return f"closed loop, {shape['clients']} clients"
-    return shape["arrivals"] + (f", cv {shape['cv']:g}" if shape["arrivals"] == "gamma" else "")
+    return (shape["arrivals"] + (f", cv {shape['cv']:g}" if shape["arrivals"] == "gamma" else "")
+            + (f", at most {shape['max_concurrency']} in flight" if shape["max_concurrency"] else ""))
 
 
 def _report(result, records, sla, out, options: dict) -> None:

@@ -45,7 +45,8 @@ def test_metric_columns_from_known_timings():
 
 @pytest.mark.parametrize("args", [["--arrivals", "poisson", "--rate", "40"],
                                   ["--arrivals", "gamma", "--rate", "40", "--cv", "2"],
-                                  ["--arrivals", "closed", "--clients", "4"]])
+                                  ["--arrivals", "closed", "--clients", "4"],
+                                  ["--request-rate", "40", "--max-concurrency", "2", "--client-processes", "2"]])
 def test_bench_open_and_closed_loop(url, tmp_path, args):
     out = tmp_path / "run"
     result = CliRunner().invoke(bench, ["--base-url", url, "-n", "16", "--prompt-len", "uniform:8:40",
@@ -64,6 +65,8 @@ def test_bench_open_and_closed_loop(url, tmp_path, args):
     rows = pd.read_csv(out / "requests.csv")
     assert len(rows) == 16 and (rows.output_tokens == 6).all()
     assert rows["meets_sla@4"].mean() == pytest.approx(summary["sla_share@4"])  # the audit columns, as simulate
+    if "--max-concurrency" in args:
+        assert "poisson, at most 2 in flight" in result.output
 
 
 def test_bench_bad_flags_and_unreachable_server(url):
@@ -112,16 +115,13 @@ def test_each_client_warms_up_before_its_first_request():
     assert [r.output_tokens for r in records] == [1, 1] and all(r.error is None for r in records)
 
 
-def test_closed_loop_clients_share_one_queue_across_processes():
-    # process p used to send rows p, p + processes, ...: the one whose rows ran longer finished last, alone, and
-    # lowered the throughput measured; the simulator's clients take rows from one queue
+def slow_even_rows_app():
+    """A server whose completions of even rows (a prompt's first token id is its row) take 0.4 s, of odd ones 0.01 s:
+    client process 0 of 2 gets the slow rows (rows p, p + 2, ...)."""
     import asyncio
 
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
-
-    from sim.bench import run_spread
-    from sim.workload import RequestTable
 
     app = FastAPI()
 
@@ -132,16 +132,44 @@ def test_closed_loop_clients_share_one_queue_across_processes():
     @app.post("/v1/completions")
     async def completions(request: Request):
         row = (await request.json())["prompt"][0]
-        await asyncio.sleep(0.4 if row % 2 == 0 else 0.01)  # the even rows, one process's old share, are slow
+        await asyncio.sleep(0.4 if row % 2 == 0 else 0.01)
         events = [f'data: {{"id": "c{row}", "choices": [{{"text": "x"}}]}}\n\n', "data: [DONE]\n\n"]
         return StreamingResponse(iter(events), media_type="text/event-stream")
 
+    return app
+
+
+def test_closed_loop_clients_share_one_queue_across_processes():
+    # process p used to send rows p, p + processes, ...: the one whose rows ran longer finished last, alone, and
+    # lowered the throughput measured; the simulator's clients take rows from one queue
+    from sim.bench import run_spread
+    from sim.workload import RequestTable
+
     rows = 8
     table = RequestTable(None, np.full(rows, 4), np.ones(rows, dtype=np.int64))
-    with serve_in_thread(app) as url:
+    with serve_in_thread(slow_even_rows_app()) as url:
         records = run_spread(url, "m", table, [[i] for i in range(rows)], clients=2, timeout=10, processes=2)
     assert [r.id for r in records] == list(range(rows)) and all(r.error is None for r in records)
     assert [r.response_id for r in records] == [f"c{i}" for i in range(rows)]  # each row sent once
     # shared: the 1.64 s of work splits over both clients (under 1 s); split by parity, the slow client takes 1.6 s
     assert max(r.chunk_times[-1] for r in records) < 1.2
     assert min(r.arrival for r in records) >= 0  # every process's clients start at the shared origin
+
+
+def test_max_concurrency_is_one_cap_over_every_client_process():
+    # split into a cap of 1 a process, the process of the slow (even) rows would send them one by one (1.6 s)
+    # while the other's slot stayed idle; one shared cap sends every row in arrival order as a slot frees
+    from sim.bench import run_spread
+    from sim.workload import RequestTable
+
+    rows = 8
+    table = RequestTable(np.arange(rows) * 1e-3, np.full(rows, 4), np.ones(rows, dtype=np.int64))
+    with serve_in_thread(slow_even_rows_app()) as url:
+        records = run_spread(url, "m", table, [[i] for i in range(rows)], clients=0, timeout=10, processes=2,
+                             max_concurrency=2)
+    assert all(r.error is None for r in records) and [r.response_id for r in records] == [f"c{i}" for i in range(rows)]
+    sent = [r.arrival for r in records]
+    assert sent == sorted(sent)  # in arrival order across both processes
+    events = sorted([(r.arrival, 1) for r in records] + [(r.chunk_times[-1], -1) for r in records])
+    assert max(np.cumsum([step for _, step in events])) == 2
+    assert max(r.chunk_times[-1] for r in records) < 1.2  # about 0.82 s with one cap
