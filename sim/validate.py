@@ -78,7 +78,8 @@ class Cell:
     """One measured workload: prompt and output lengths of the ``mix`` (length specs, ``sim.workload``); ``load``
     is a share of the measured saturation rate (open loop, Poisson), or ``clients`` closed-loop clients.
     ``replicas`` engines (one GPU each) behind the router's ``balancer`` serve it; one is served directly.
-    ``repeat`` numbers the runs of one cell's requests (``--repeats``); each sends prompts of tokens of its own."""
+    ``repeat`` numbers the runs of one cell's requests (``--repeats``); each sends prompts of tokens of its own.
+    ``max_concurrency``: an open-loop cell's cap on requests in flight (``Workload.max_concurrency``; 0: none)."""
 
     scheduler: str
     token_budget: int
@@ -92,6 +93,7 @@ class Cell:
     replicas: int = 1
     balancer: str = PolicyConfig().balancer
     repeat: int = 0
+    max_concurrency: int = 0
 
     @property
     def arrivals(self) -> str:
@@ -99,14 +101,15 @@ class Cell:
 
     def workload(self, rate: float | None = None) -> Workload:
         return Workload(num_requests=self.num_requests, arrivals=self.arrivals, rate=rate, clients=self.clients,
-                        prompt=parse_length(self.prompt), output=parse_length(self.output, "--output-len"),
+                        max_concurrency=self.max_concurrency or None, prompt=parse_length(self.prompt),
+                        output=parse_length(self.output, "--output-len"),
                         max_prompt_tokens=MAX_PROMPT_TOKENS)
 
     def keys(self) -> dict:
         return {"scheduler": self.scheduler, "token_budget": self.token_budget, "mix": self.mix,
                 "arrivals": self.arrivals, "load": self.load, "clients": self.clients,
                 "num_requests": self.num_requests, "seed": self.seed, "replicas": self.replicas,
-                "balancer": self.balancer, "repeat": self.repeat}
+                "balancer": self.balancer, "repeat": self.repeat, "max_concurrency": self.max_concurrency}
 
     @property
     def policy(self) -> PolicyConfig:
@@ -308,7 +311,8 @@ def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes:
                                                                 server.info["max_model_len"] - table.prompt_tokens))
     prompts = cell_prompts(cell, table.prompt_tokens, server.info["vocab_size"])
     t0 = time.perf_counter() + 0.2  # the workload's time 0: every client process is up by then
-    records = run_spread(server.url, server.info["model_id"], table, prompts, cell.clients, timeout, processes, t0)
+    records = run_spread(server.url, server.info["model_id"], table, prompts, cell.clients, timeout, processes, t0,
+                         workload.max_concurrency)
     failed = [r for r in records if r.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(records)} requests failed in {cell}: {failed[0].error}")
@@ -353,7 +357,7 @@ def saturation_rate(server: Server | Fleet, cell: Cell, overload_rate: float, pr
     """Requests/s the engines sustain on ``cell``'s mix: an open-loop run at ``overload_rate`` (well above it) of
     ``overload_requests``, its ``steady_throughput``; and that run."""
     concurrency = engine_concurrency(cell, server.info)
-    overload = dataclasses.replace(cell, load=None, clients=0, seed=cell.seed + 7919,
+    overload = dataclasses.replace(cell, load=None, clients=0, max_concurrency=0, seed=cell.seed + 7919,
                                    num_requests=overload_requests(cell.num_requests, concurrency))
     measured = send_cell(server, overload, overload_rate, processes, timeout)
     return steady_throughput([r.chunk_times[-1] for r in measured.records], concurrency), measured
@@ -522,6 +526,10 @@ def routing_errors(frame):
     return out
 
 
+def _cap(cell: Cell) -> str:
+    return f" max concurrency {cell.max_concurrency}" if cell.max_concurrency else ""
+
+
 def first_requests(cell: Cell, processes: int) -> int:
     """How many of a measured cell's first rows were each some client's first request: one per closed-loop client,
     else one per client process (process p sends rows p, p + processes, ...)."""
@@ -581,7 +589,8 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
         def run_cells(target, name: str, group: list[Cell]) -> None:
             for cell in group:
                 if time.monotonic() > deadline:
-                    progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}: skipped (time budget)")
+                    progress(f"{name} {cell.mix} load {cell.load} clients {cell.clients}{_cap(cell)}: skipped "
+                             "(time budget)")
                     continue
                 served = ServedCost(estimate, target.info["kv_total_blocks"], target.info["max_model_len"])
                 rate = None
@@ -591,7 +600,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                         cell = dataclasses.replace(cell, num_requests=min(
                             cell.num_requests, max(50, int(rate * cell_seconds))))
                 progress(f"{name} {cell.balancer if cell.replicas > 1 else ''} {cell.mix} load {cell.load} "
-                         f"clients {cell.clients}{f' repeat {cell.repeat}' if cell.repeat else ''}: "
+                         f"clients {cell.clients}{_cap(cell)}{f' repeat {cell.repeat}' if cell.repeat else ''}: "
                          f"{cell.num_requests} requests")
                 keep("cell", name, send_cell(target, cell, rate, client_processes, timeout), target.info)
 
@@ -902,6 +911,13 @@ def _numbers(text: str | None, flag: str, kind=float) -> list:
     return values
 
 
+def _caps(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()] or [0]
+    except ValueError:
+        raise ValueError(f"--max-concurrency {text!r}: expected comma-separated whole numbers (0: no cap)") from None
+
+
 def parse_mix(spec: str) -> tuple[str, str, str]:
     """``NAME`` (one of ``MIXES``) or ``NAME=PROMPT_LENGTHS/OUTPUT_LENGTHS`` -> (name, prompt spec, output spec)."""
     name, _, lengths = spec.partition("=")
@@ -915,8 +931,9 @@ def parse_mix(spec: str) -> tuple[str, str, str]:
 
 
 def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, replicas: int = 1,
-               balancers: tuple[str, ...] = (), repeats: int = 1) -> list[Cell]:
-    """Every scheduler x mix x (load or client count); a fleet's cells once per balancer; the whole grid
+               balancers: tuple[str, ...] = (), repeats: int = 1, caps=(0,)) -> list[Cell]:
+    """Every scheduler x mix x (load x cap on requests in flight, 0: none; or client count); a fleet's cells once
+    per balancer; the whole grid
     ``repeats`` times over, a round after another (a drift of the card over the run then spreads over every cell
     rather than landing on one cell's repeats)."""
     from engine.policy import make_balancer
@@ -932,8 +949,10 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     balancers = (balancers or (PolicyConfig().balancer,)) if replicas > 1 else (PolicyConfig().balancer,)
     mixes = [parse_mix(m) for m in mixes]
     fleet = [{"replicas": replicas, "balancer": b} for b in balancers]
-    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed, **f) for s, b in schedulers for f in fleet
-             for m in mixes for x in loads]
+    if any(not isinstance(c, int) or c < 0 for c in caps):
+        raise ValueError(f"--max-concurrency {caps}: every cap must be a whole number >= 0 (0: no cap)")
+    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed, max_concurrency=c, **f) for s, b in schedulers
+             for f in fleet for m in mixes for x in loads for c in caps]
     cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed, **f) for s, b in schedulers for f in fleet
               for m in mixes for c in clients]
     return [dataclasses.replace(cell, repeat=r) for r in range(repeats) for cell in cells]
@@ -1076,6 +1095,9 @@ def _command():
                        "(e.g. tiny=uniform:8:32/fixed:6); repeat for several.")
     @click.option("--loads", default=None, help="Open-loop loads, shares of the measured saturation rate: 0.25,0.5")
     @click.option("--clients", default=None, help="Closed-loop client counts: 1,2,4,8")
+    @click.option("--max-concurrency", "caps", default="0", show_default=True,
+                  help="Run each open-loop cell at each of these caps on requests in flight (vLLM's bench "
+                       "--max-concurrency; 0: none): 0,16")
     @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Engines, one GPU each, behind `splitfuse serve`'s router (and as many simulated).")
     @click.option("--balancer", "balancers", multiple=True,
@@ -1140,7 +1162,7 @@ def _command():
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
-    def validate(model, profile, schedulers, mixes, loads, clients, replicas, balancers, saturation_from,
+    def validate(model, profile, schedulers, mixes, loads, clients, caps, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
                  measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, record_hosts,
                  exclude_first_requests,
@@ -1160,7 +1182,7 @@ def _command():
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
                 cells = make_cells(_schedulers(schedulers), mixes, _numbers(loads, "--loads"),
                                    _numbers(clients, "--clients", int), num_requests, workload_seed, replicas,
-                                   balancers, repeats)
+                                   balancers, repeats, _caps(caps))
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),

@@ -236,6 +236,17 @@ def test_bad_grids_are_refused_with_the_flag_named(mix, loads, clients, message)
     assert parse_mix("long")[0] == "long"
 
 
+def test_open_loop_cells_run_at_each_cap_on_requests_in_flight():
+    from calibration.validation_results import cell_name
+
+    cells = make_cells([("splitfuse", 768)], ["long"], [0.5], [4], 10, 0, caps=[0, 16])
+    assert [(c.load, c.clients, c.max_concurrency) for c in cells] == [(0.5, 0, 0), (0.5, 0, 16), (None, 4, 0)]
+    assert [c.workload(1.0).max_concurrency for c in cells[:2]] == [None, 16]
+    assert cell_name(cells[1].keys()) == "splitfuse / long / load 0.5 / max concurrency 16"
+    with pytest.raises(ValueError, match="--max-concurrency"):
+        make_cells([("splitfuse", 768)], ["long"], [0.5], [], 10, 0, caps=[-1])
+
+
 def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_path):
     """``--from DIR`` re-simulates the stored measurements: on the profile the measuring run compared with it
     reproduces that run's simulated rows exactly (simulations are deterministic for a seed); on the swept profile
