@@ -23,6 +23,7 @@ class RouterCost:
                 raise ValueError(f"router {name} must be a number of seconds >= 0, got {value!r}")
 
 
-# `splitfuse serve --replicas 2`'s router, measured on two H200 machines' fleet cells (twenty-eighth round of
-# calibration/VALIDATION.md): the mean of what it added over the single server's admission and delivery.
-SERVE_ROUTER = RouterCost(admission_s=5.07e-3, delivery_s=2.79e-3)
+# `splitfuse serve --replicas 2`'s router: the mean over four H200 machines' fleet cells of what it added to the
+# single server's admission and first-token delivery (`sim.validate.router_hop`; calibration/VALIDATION.md,
+# twenty-eighth and thirty-fifth rounds: the machines' hops lie 3.0-5.1 ms in and 1.4-2.8 ms out).
+SERVE_ROUTER = RouterCost(admission_s=4.37e-3, delivery_s=2.24e-3)

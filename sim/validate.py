@@ -735,6 +735,35 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
     return passes, requests
 
 
+def router_hop(directory: Path, cost: CostModel) -> tuple[float, float] | None:
+    """What the router of ``directory``'s fleet cells added, on average, to each request's way in (client send to
+    the engine's receipt, less ``cost``'s mean admission of its prompt) and to its first token's way out (the pass's
+    end to the client, less ``cost``'s delivery after that pass), in seconds: what ``sim.router.SERVE_ROUTER``
+    prices. None where the run has no traced fleet cell."""
+    _, runs, traces = load_measured(directory)
+    ins, outs, prompts = [], [], []
+    for name, m, _ in runs:
+        if m.cell.replicas < 2 or traces.get(name) is None:
+            continue
+        trace_passes, trace_requests = traces[name]
+        sampled_at = {p["end"]: p["num_samples"] for engine in trace_passes for p in engine}
+        for r in m.records:
+            row = trace_requests[r.response_id]
+            first = row["token_times"][0]
+            ins.append(row["received"] - m.t0 - r.arrival)
+            prompts.append(r.prompt_tokens)
+            if first in sampled_at:
+                outs.append(m.t0 + r.chunk_times[0] - first - cost.delivery_seconds(sampled_at[first]))
+    if not ins:
+        return None
+    draws = 1024  # the admission's mean over its distribution: evenly spread uniforms for each prompt
+    uniforms = (np.arange(draws) + 0.5) / draws
+    admission = [float(np.mean(cost.admission_seconds(np.full(draws, p), uniforms))) for p in sorted(set(prompts))]
+    mean_admission = dict(zip(sorted(set(prompts)), admission))
+    return (float(np.mean(ins)) - float(np.mean([mean_admission[p] for p in prompts])),
+            float(np.mean(outs)) if outs else float("nan"))
+
+
 def served_ratios(directory: Path, cost, host: str | None = None) -> tuple[str, list[np.ndarray]]:
     """The run's host (``run_host``) and, per warm-up or overload run and engine, each traced pass's served time
     (step and loop, ``cell_passes``' ``loop_s``: where the next step began at once) over ``cost``'s price of it:
@@ -1288,6 +1317,11 @@ def _command():
                            f"{_judged(repeats)}; the repeats' spread (client, median over cells): TPOT mean "
                            f"{client.tpot_mean_spread.median():.1%}, TTFT mean {client.ttft_mean_spread.median():.1%}")
             routing = compared["routing"]
+            hop = router_hop(directory, cost) if routing is not None else None
+            if hop is not None:
+                click.echo(f"the router's hop over the profile's admission and first-token delivery: "
+                           f"{hop[0] * 1e3:.2f} ms in, {hop[1] * 1e3:.2f} ms out (the simulator's "
+                           f"{SERVE_ROUTER.admission_s * 1e3:.2f} and {SERVE_ROUTER.delivery_s * 1e3:.2f})")
             if routing is not None:
                 size = routing[["ttft_mean", "tpot_mean", "e2e_mean"]].abs().groupby(routing.routes).mean()
                 click.echo("fleet cells, mean |error| against the client with the balancer's routes / the measured "

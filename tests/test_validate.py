@@ -37,6 +37,7 @@ from sim.validate import (  # noqa: E402
     overload_requests,
     parse_mix,
     read_traces,
+    router_hop,
     run_host,
     serving_measurements,
     steady_throughput,
@@ -421,6 +422,17 @@ def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
     routing = pd.read_csv(tmp_path / "routing.csv")
     assert len(routing) == 2 * 2 * 2 and sorted(routing.routes.unique()) == ["balancer", "measured"]
     assert "fleet cells, mean |error| against the client" in result.output
+    # the router's hop: the fleet cells' admission over the profile's mean for each prompt
+    profile = load_profile(earlier / "served.json")
+    serving = profile.serving
+    _, runs, traces = load_measured(tmp_path)
+    waits = [traces[name][1][r.response_id]["received"] - m.t0 - r.arrival
+             - (serving.admission_per_token_s * r.prompt_tokens + np.mean(serving.admission_q))
+             for name, m, _ in runs for r in m.records]
+    hop_in, hop_out = router_hop(tmp_path, profile)
+    assert hop_in == pytest.approx(np.mean(waits), abs=1e-6) and np.isfinite(hop_out)
+    assert "the router's hop over the profile's admission" in result.output
+    assert router_hop(earlier, profile) is None  # one engine: no router
     same = routing[(routing.balancer == "random") & (routing.clients == 1)].set_index("routes")
     metrics = ["ttft_mean", "tpot_mean", "e2e_mean", "throughput_rps"]
     assert same.loc["balancer", metrics].to_numpy() == pytest.approx(same.loc["measured", metrics].to_numpy())
