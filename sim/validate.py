@@ -758,8 +758,7 @@ def router_hop(directory: Path, cost: CostModel) -> tuple[float, float] | None:
         return None
     draws = 1024  # the admission's mean over its distribution: evenly spread uniforms for each prompt
     uniforms = (np.arange(draws) + 0.5) / draws
-    admission = [float(np.mean(cost.admission_seconds(np.full(draws, p), uniforms))) for p in sorted(set(prompts))]
-    mean_admission = dict(zip(sorted(set(prompts)), admission))
+    mean_admission = {p: float(np.mean(cost.admission_seconds(np.full(draws, p), uniforms))) for p in set(prompts)}
     return (float(np.mean(ins)) - float(np.mean([mean_admission[p] for p in prompts])),
             float(np.mean(outs)) if outs else float("nan"))
 
@@ -962,9 +961,8 @@ def parse_mix(spec: str) -> tuple[str, str, str]:
 def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, replicas: int = 1,
                balancers: tuple[str, ...] = (), repeats: int = 1, caps=(0,)) -> list[Cell]:
     """Every scheduler x mix x (load x cap on requests in flight, 0: none; or client count); a fleet's cells once
-    per balancer; the whole grid
-    ``repeats`` times over, a round after another (a drift of the card over the run then spreads over every cell
-    rather than landing on one cell's repeats)."""
+    per balancer; the whole grid ``repeats`` times over, a round after another (a drift of the card over the run
+    then spreads over every cell rather than landing on one cell's repeats)."""
     from engine.policy import make_balancer
 
     if not loads and not clients:
