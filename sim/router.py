@@ -23,7 +23,7 @@ class RouterCost:
                 raise ValueError(f"router {name} must be a number of seconds >= 0, got {value!r}")
 
 
-# `splitfuse serve --replicas 2`'s router: the mean over four H200 machines' fleet cells of what it added to the
+# `splitfuse serve --replicas 2`'s router: the mean over five H200 machines' fleet cells of what it added to the
 # single server's admission and first-token delivery (`sim.validate.router_hop`; calibration/VALIDATION.md,
-# twenty-eighth and thirty-fifth rounds: the machines' hops lie 3.0-5.1 ms in and 1.4-2.8 ms out).
-SERVE_ROUTER = RouterCost(admission_s=4.37e-3, delivery_s=2.24e-3)
+# thirty-fifth round: the machines' hops lie 3.0-5.3 ms in and 1.4-2.8 ms out).
+SERVE_ROUTER = RouterCost(admission_s=4.56e-3, delivery_s=2.35e-3)
