@@ -169,7 +169,9 @@ def test_max_concurrency_is_one_cap_over_every_client_process():
                              max_concurrency=2)
     assert all(r.error is None for r in records) and [r.response_id for r in records] == [f"c{i}" for i in range(rows)]
     sent = [r.arrival for r in records]
-    assert sent == sorted(sent)  # in arrival order across both processes
+    # in arrival order across both processes: a row waiting at the cap is never overtaken (each process stamps a send
+    # as it starts it, so rows the cap let go together may differ by a fraction of a millisecond)
+    assert all(later >= earlier - 5e-3 for earlier, later in zip(sent, sent[1:]))
     events = sorted([(r.arrival, 1) for r in records] + [(r.chunk_times[-1], -1) for r in records])
     assert max(np.cumsum([step for _, step in events])) == 2
     assert max(r.chunk_times[-1] for r in records) < 1.2  # about 0.82 s with one cap
