@@ -200,7 +200,8 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     requests, ``seed`` everything the simulation draws (pass-time noise, serving delays, balancer choices).
 
     ``workers``: processes to spread the replicas over (None: one per CPU for big open-loop runs). Only with a
-    balancer in ``STATE_FREE_BALANCERS`` and open-loop arrivals; otherwise the run stays in this process. Every
+    balancer in ``STATE_FREE_BALANCERS``, open-loop arrivals and no router whose hop grows with its streams
+    (``RouterCost.per_stream``, which needs the whole fleet's); otherwise the run stays in this process. Every
     worker replays the whole arrival sequence and simulates its own replicas, so each request's results are
     exactly those of the single-process run.
 
@@ -232,8 +233,10 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if workers is None:
         workers = (os.cpu_count() or 1) if n >= PARALLEL_MIN_REQUESTS else 1
     workers = min(workers, len(costs))
+    router = config.routed()
     if (workers > 1 and not clients and not max_concurrency and on_pass is None and routes is None
-            and config.policy.balancer in STATE_FREE_BALANCERS and _can_fork()):
+            and config.policy.balancer in STATE_FREE_BALANCERS and not (router is not None and router.per_stream)
+            and _can_fork()):
         log, stats = _simulate_parallel(table, costs, config, seed, log_args, workers, progress)
     else:
         log, stats = _run(table, costs, config, seed, log_args, clients, progress, choices=routes, on_pass=on_pass,
@@ -256,7 +259,10 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
     bar = _progress_bar(n) if progress else None
     waiters: dict[int, simpy.Event] = {}
 
+    streams = [0]  # requests sent and not yet finished: the streams open at a fleet's router
+
     def on_finish(request: Request, replica: Replica) -> None:
+        streams[0] -= 1
         log.record(request, replica.index)
         if bar is not None and len(log) % 1024 == 0:
             bar.update(1024)
@@ -266,8 +272,10 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
                 event.succeed(request.finish_time)
 
     router = config.routed()
-    replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass,
-                        router.delivery_s if router is not None else 0.0)
+    hop_out = None
+    if router is not None:
+        hop_out = (lambda: router.delivery_seconds(streams[0])) if router.per_stream else (lambda: router.delivery_s)
+    replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass, hop_out)
                 if own is None or i in own else None for i, cost in enumerate(costs)]
     loads = _Loads(replicas, balancer.reads_kv_usage)
     choose = balancer.choose
@@ -279,6 +287,9 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
     # The serving path's delays (zero unless the cost model was measured through a server): a request reaches its
     # replica's engine some time after the client sent it, and tokens reach the client some time after their pass.
     admission = admission_delays(table, costs, seed, router)
+    # a router's hop that grows with the streams open at it: its way in is added as each request is sent
+    per_stream = router is not None and router.per_stream
+    per_stream_in = router.admission_per_stream_s if per_stream else 0.0
 
     def send(i: int, sent: float) -> None:
         replica = replicas[choose(loads) if choices is None else choices[i]]
@@ -297,7 +308,17 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
         # Workers replay every arrival (not only their own), so that the clock and the order of events at equal
         # times are exactly those of the single-process run.
         now = 0.0
+        if per_stream:  # each request's way in depends on the streams open when it was sent
+            for i, sent in sorted(enumerate(table.arrivals.tolist()), key=lambda pair: pair[1]):
+                if sent > now:
+                    yield env.timeout(sent - now)
+                    now = sent
+                hop = env.timeout(admission[i] + per_stream_in * streams[0])
+                hop.callbacks.append(lambda _, i=i, sent=sent: send(i, sent))
+                streams[0] += 1
+            return
         for i, reach, sent in arrival_order(table, admission):
+            streams[0] += 1
             if reach > now:
                 yield env.timeout(reach - now)
                 now = reach
@@ -307,8 +328,10 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
         # the client sends request i now and has its last token when this process ends
         done = waiters[i] = env.event()
         sent = env.now
-        if admission[i]:
-            yield env.timeout(admission[i])
+        delay = admission[i] + per_stream_in * streams[0]
+        streams[0] += 1
+        if delay:
+            yield env.timeout(delay)
         send(i, sent)
         yield done
         finish = done.value  # when the client has the last token: the next request is sent then

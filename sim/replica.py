@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import numpy as np
 import simpy
@@ -27,7 +28,7 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, policy: PolicyConfig,
                  noise: bool = True, seed: int = 0, on_finish=None, on_pass=None,
-                 router_delivery_s: float = 0.0) -> None:
+                 router_delivery: Callable[[], float] | None = None) -> None:
         self.env = env
         self.index = index
         self.cost = cost
@@ -37,7 +38,7 @@ class Replica:
         self.rng = np.random.default_rng([seed, index, 0xC057])
         self.on_finish = on_finish
         self.on_pass = on_pass  # (replica index, plan, start, end, delivered) after each pass, before it is applied
-        self.router_delivery_s = router_delivery_s  # the fleet router's hop on a token's way out
+        self.router_delivery = router_delivery  # seconds of the fleet router's hop on a token's way out, now
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
         self.unstarted_tokens = 0  # prompt tokens of the requests sent here that have no token yet
@@ -117,7 +118,9 @@ class Replica:
             if not end < env.peek():
                 yield env.timeout(_delay_to(env, end))
             # tokens are the client's a delivery after their pass ends (the serving path, and a fleet's router)
-            delivered = end + delivery(features.num_samples) + self.router_delivery_s
+            delivered = end + delivery(features.num_samples)
+            if self.router_delivery is not None:
+                delivered += self.router_delivery()
             if self.on_pass is not None:
                 self.on_pass(self.index, plan, now, end, delivered)
             now = end

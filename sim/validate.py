@@ -58,7 +58,7 @@ from sim.costs import CostModel, SlowerHost, mean_noise_factor
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
 from sim.request_log import RequestLog
-from sim.router import SERVE_ROUTER
+from sim.router import SERVE_ROUTER, RouterCost
 from sim.saturation import engine_concurrency as replica_concurrency
 from sim.saturation import estimate_capacity
 from sim.workload import FASTGEN_MAX_PROMPT_TOKENS, MIXES, Workload, parse_length
@@ -735,32 +735,52 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
     return passes, requests
 
 
-def router_hop(directory: Path, cost: CostModel) -> tuple[float, float] | None:
-    """What the router of ``directory``'s fleet cells added, on average, to each request's way in (client send to
-    the engine's receipt, less ``cost``'s mean admission of its prompt) and to its first token's way out (the pass's
-    end to the client, less ``cost``'s delivery after that pass), in seconds: what ``sim.router.SERVE_ROUTER``
-    prices. None where the run has no traced fleet cell."""
+def router_hop(directory: Path, cost: CostModel) -> tuple[RouterCost, float, float] | None:
+    """What the router of ``directory``'s fleet cells added to each request's way in (client send to the engine's
+    receipt, less ``cost``'s mean admission of its prompt) and to its first token's way out (the pass's end to the
+    client, less ``cost``'s delivery after that pass), as the ``RouterCost`` (what ``sim.router.SERVE_ROUTER``
+    prices) of the least-squares lines (non-negative) through them over the streams open at the router then (the
+    client's: requests sent and not yet finished; on the way in the others, on the way out its own too), and the
+    mean hop in and out in seconds. None where the run has no traced fleet cell."""
     _, runs, traces = load_measured(directory)
-    ins, outs, prompts = [], [], []
+    ins, outs, prompts, open_in, open_out = [], [], [], [], []
     for name, m, _ in runs:
         if m.cell.replicas < 2 or traces.get(name) is None:
             continue
         trace_passes, trace_requests = traces[name]
         sampled_at = {p["end"]: p["num_samples"] for engine in trace_passes for p in engine}
+        sent = np.array([r.arrival for r in m.records])
+        done = np.array([r.chunk_times[-1] if r.chunk_times else r.arrival for r in m.records])
         for r in m.records:
             row = trace_requests[r.response_id]
             first = row["token_times"][0]
             ins.append(row["received"] - m.t0 - r.arrival)
             prompts.append(r.prompt_tokens)
+            open_in.append(int(np.count_nonzero((sent < r.arrival) & (done > r.arrival))))
             if first in sampled_at:
                 outs.append(m.t0 + r.chunk_times[0] - first - cost.delivery_seconds(sampled_at[first]))
+                t = r.chunk_times[0]
+                open_out.append(int(np.count_nonzero((sent < t) & (done >= t))))
     if not ins:
         return None
     draws = 1024  # the admission's mean over its distribution: evenly spread uniforms for each prompt
     uniforms = (np.arange(draws) + 0.5) / draws
     mean_admission = {p: float(np.mean(cost.admission_seconds(np.full(draws, p), uniforms))) for p in set(prompts)}
-    return (float(np.mean(ins)) - float(np.mean([mean_admission[p] for p in prompts])),
-            float(np.mean(outs)) if outs else float("nan"))
+    ins = np.array(ins) - np.array([mean_admission[p] for p in prompts])
+    line_in, line_out = _hop_line(open_in, ins), _hop_line(open_out, outs)
+    hop = RouterCost(admission_s=line_in[0], delivery_s=line_out[0], admission_per_stream_s=line_in[1],
+                     delivery_per_stream_s=line_out[1])
+    return hop, float(np.mean(ins)), float(np.mean(outs)) if outs else float("nan")
+
+
+def _hop_line(streams, hops) -> tuple[float, float]:
+    """(intercept, slope) of the non-negative least-squares line of ``hops`` (seconds) over ``streams``."""
+    from scipy.optimize import nnls
+
+    if not len(hops):
+        return 0.0, 0.0
+    coef, _ = nnls(np.column_stack([np.ones(len(streams)), np.asarray(streams, dtype=float)]), np.asarray(hops))
+    return float(coef[0]), float(coef[1])
 
 
 def served_ratios(directory: Path, cost, host: str | None = None) -> tuple[str, list[np.ndarray]]:
@@ -1317,9 +1337,10 @@ def _command():
             routing = compared["routing"]
             hop = router_hop(directory, cost) if routing is not None else None
             if hop is not None:
-                click.echo(f"the router's hop over the profile's admission and first-token delivery: "
-                           f"{hop[0] * 1e3:.2f} ms in, {hop[1] * 1e3:.2f} ms out (the simulator's "
-                           f"{SERVE_ROUTER.admission_s * 1e3:.2f} and {SERVE_ROUTER.delivery_s * 1e3:.2f})")
+                line, mean_in, mean_out = hop
+                click.echo(f"the router's hop over the profile's admission and first-token delivery: mean "
+                           f"{mean_in * 1e3:.2f} ms in, {mean_out * 1e3:.2f} ms out; as lines over the streams open "
+                           f"at the router, {line.describe()} (the simulator's {SERVE_ROUTER.describe()})")
             if routing is not None:
                 size = routing[["ttft_mean", "tpot_mean", "e2e_mean"]].abs().groupby(routing.routes).mean()
                 click.echo("fleet cells, mean |error| against the client with the balancer's routes / the measured "

@@ -429,8 +429,24 @@ def test_a_fleet_runs_behind_a_router_per_cell(cpu_profile, run, tmp_path):
     waits = [traces[name][1][r.response_id]["received"] - m.t0 - r.arrival
              - (serving.admission_per_token_s * r.prompt_tokens + np.mean(serving.admission_q))
              for name, m, _ in runs for r in m.records]
-    hop_in, hop_out = router_hop(tmp_path, profile)
+    line, hop_in, hop_out = router_hop(tmp_path, profile)
     assert hop_in == pytest.approx(np.mean(waits), abs=1e-6) and np.isfinite(hop_out)
+    # its line over the streams open when each request was sent (the others sent before and not yet finished): the
+    # least-squares line, kept non-negative; no worse than a flat line or one through the origin
+    streams = np.array([sum(o.arrival < r.arrival < (o.chunk_times[-1] if o.chunk_times else o.arrival)
+                            for o in m.records) for _, m, _ in runs for r in m.records], dtype=float)
+    waits = np.array(waits)
+
+    def misfit(a, b):
+        return float(np.sum((a + b * streams - waits) ** 2))
+
+    a, b = line.admission_s, line.admission_per_stream_s
+    assert a >= 0 and b >= 0
+    assert misfit(a, b) <= min(misfit(max(waits.mean(), 0), 0),
+                               misfit(0, max(streams @ waits / max(streams @ streams, 1), 0))) + 1e-12
+    slope, intercept = np.polyfit(streams, waits, 1) if streams.std() else (0.0, waits.mean())
+    if slope >= 0 and intercept >= 0:
+        assert (a, b) == pytest.approx((intercept, slope), abs=1e-9)
     assert "the router's hop over the profile's admission" in result.output
     assert router_hop(earlier, profile) is None  # one engine: no router
     same = routing[(routing.balancer == "random") & (routing.clients == 1)].set_index("routes")
