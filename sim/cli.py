@@ -53,7 +53,8 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
               help="Pass-time noise from the profile.")
 @click.option("--serve-router/--no-serve-router", default=False, show_default=True,
               help="With --replicas > 1: each request and token also takes the hop of the router that "
-                   "`splitfuse serve --replicas N` runs (sim.router.SERVE_ROUTER, measured).")
+                   "`splitfuse serve --replicas N` runs (sim.router.SERVE_ROUTER, measured; it grows with the "
+                   "streams open, so the run stays in one process).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--replications", default=1, show_default=True, type=int,
               help="Independent runs (seeds seed..seed+R-1); prints 95% confidence intervals.")

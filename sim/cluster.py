@@ -272,9 +272,10 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
                 event.succeed(request.finish_time)
 
     router = config.routed()
+    per_stream = router is not None and router.per_stream  # its hop grows with the streams open at it
     hop_out = None
     if router is not None:
-        hop_out = (lambda: router.delivery_seconds(streams[0])) if router.per_stream else (lambda: router.delivery_s)
+        hop_out = (lambda: router.delivery_seconds(streams[0])) if per_stream else (lambda: router.delivery_s)
     replicas = [Replica(env, i, cost, config.policy, config.noise, seed, on_finish, on_pass, hop_out)
                 if own is None or i in own else None for i, cost in enumerate(costs)]
     loads = _Loads(replicas, balancer.reads_kv_usage)
@@ -286,10 +287,12 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
     params: dict[int, SamplingParams] = {}  # one per output length: requests only read them
     # The serving path's delays (zero unless the cost model was measured through a server): a request reaches its
     # replica's engine some time after the client sent it, and tokens reach the client some time after their pass.
-    admission = admission_delays(table, costs, seed, router)
-    # a router's hop that grows with the streams open at it: its way in is added as each request is sent
-    per_stream = router is not None and router.per_stream
-    per_stream_in = router.admission_per_stream_s if per_stream else 0.0
+    # A constant router's hop in is drawn with them; one that grows with the streams open is added at each send.
+    admission = admission_delays(table, costs, seed, None if per_stream else router)
+
+    def hop_in(i: int) -> float:
+        # from request i's send, now, until its replica has it
+        return admission[i] + router.admission_seconds(streams[0]) if per_stream else admission[i]
 
     def send(i: int, sent: float) -> None:
         replica = replicas[choose(loads) if choices is None else choices[i]]
@@ -313,7 +316,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
                 if sent > now:
                     yield env.timeout(sent - now)
                     now = sent
-                hop = env.timeout(admission[i] + per_stream_in * streams[0])
+                hop = env.timeout(hop_in(i))
                 hop.callbacks.append(lambda _, i=i, sent=sent: send(i, sent))
                 streams[0] += 1
             return
@@ -328,7 +331,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
         # the client sends request i now and has its last token when this process ends
         done = waiters[i] = env.event()
         sent = env.now
-        delay = admission[i] + per_stream_in * streams[0]
+        delay = hop_in(i)
         streams[0] += 1
         if delay:
             yield env.timeout(delay)
