@@ -237,6 +237,15 @@ class ServingModel:
         return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
                                        "fit": {**d["fit"], "levels": dict(fit or {})}})
 
+    def with_path_growth(self, attention: Mapping[str, float], heat: Mapping[str, float],
+                         fit: Mapping | None = None) -> ServingModel:
+        """This section with ``attention`` and ``heat`` as those paths' attention scales and heat growth
+        (``fit_path_growth``), and ``fit`` under the fit's "growth"; their levels are still to be fitted at it."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "attention_scale": {**d["attention_scale"], **attention},
+                                       "heat_scale": {**d["heat_scale"], **heat},
+                                       "fit": {**d["fit"], "growth": dict(fit or {})}})
+
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
@@ -277,15 +286,10 @@ def served_noise(ratios: Mapping[str, Sequence[np.ndarray]]) -> tuple[list[float
 LEVEL_DECODE_MAX_SAMPLES = 128  # larger decode steps run hotter than any cell's below saturation
 
 
-def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None = None,
-                    min_count: int = 10) -> tuple[dict[str, float], dict]:
-    """({path: scale at heat 0}, fit summary) of ``paths`` (default: every path ``passes`` hold) at the median
-    host: each host's median of served / priced step less ``serving``'s heat growth at the pass's heat, then the
-    median over the hosts with ``min_count`` passes of the path, each host weighing as one. ``passes``: rows as
-    ``fit_serving`` takes (``model_s`` the swept step; the section's attention scale is added). Only the level
-    moves: the heat growth, loop, spreads and noise stay the section's. Passes with a spread of decode contexts
-    are left out, as are decode steps of more than ``LEVEL_DECODE_MAX_SAMPLES`` sequences (an overload run's
-    largest batches, hotter than any cell's)."""
+def _level_passes(passes, paths: Sequence[str] | None):
+    """``passes`` (rows as ``fit_path_levels`` takes) as a frame of the ``paths`` (default every one) whose levels
+    a cell below saturation runs at: no spread of decode contexts, no decode step of more than
+    ``LEVEL_DECODE_MAX_SAMPLES`` sequences (an overload run's largest batches, hotter than any cell's)."""
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "spread_tokens", "heat",
@@ -299,7 +303,17 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
         raise ValueError(f"unknown serving path {unknown[0]!r}; paths are {', '.join(PATHS)}")
     kept = (passes["spread_tokens"] == 0) & ((passes["prefill_tokens"] > 0)
                                              | (passes["num_samples"] <= LEVEL_DECODE_MAX_SAMPLES))
-    passes = passes[kept & passes["path"].isin(paths if paths else PATHS)]
+    return passes[kept & passes["path"].isin(paths if paths else PATHS)]
+
+
+def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None = None,
+                    min_count: int = 10) -> tuple[dict[str, float], dict]:
+    """({path: scale at heat 0}, fit summary) of ``paths`` (default: every path ``passes`` hold) at the median
+    host: each host's median of served / priced step less ``serving``'s heat growth at the pass's heat, then the
+    median over the hosts with ``min_count`` passes of the path, each host weighing as one. ``passes``: rows as
+    ``fit_serving`` takes (``model_s`` the swept step; the section's attention scale is added). Only the level
+    moves: the heat growth, loop, spreads and noise stay the section's. Passes as ``_level_passes`` keeps."""
+    passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
     model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
@@ -315,6 +329,32 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     if not levels:
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
     return levels, fit
+
+
+def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None = None,
+                    min_count: int = 10) -> tuple[dict[str, float], dict[str, float], dict]:
+    """({path: attention scale}, {path: heat growth}, fit summary) of ``paths`` (default every one ``passes``
+    hold), each the median over the hosts that show it, as ``fit_serving`` fits them (``_attention_scales``, then
+    ``_heat_slope`` on the served / priced step with that attention): for a section whose paths were fitted on
+    hosts that could not show them (too few, or an engine before version 8 or 13 of the profile). A path no host
+    shows keeps the section's. The levels are then ``fit_path_levels``'s, at the new growth. Passes as
+    ``_level_passes`` keeps."""
+    passes = _level_passes(passes, paths)
+    attention = {**{p: serving.attention_scale[p] for p in passes["path"].unique()},
+                 **_attention_scales(passes, min_count)}
+    model_s = passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]
+    rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
+    heat, fit = {}, {}
+    for path, part in rows.groupby("path"):
+        slopes = {host: _heat_slope(g["heat"].to_numpy(), g["ratio"].to_numpy())
+                  for host, g in part.groupby("host") if len(g) >= min_count}
+        shown = [s for s in slopes.values() if s is not None]
+        heat[path] = float(np.median(shown)) if shown else serving.heat_scale[path]
+        fit[path] = {"n": int(len(part)), "heat_hosts": len(shown), "heat_before": serving.heat_scale[path],
+                     "attention_before": serving.attention_scale[path], "host_heat": slopes}
+    if not fit:
+        raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
+    return {p: attention[p] for p in fit}, heat, fit
 
 
 def _line(x, y, name: str) -> tuple[float, float, dict]:

@@ -688,7 +688,8 @@ def run_host(meta: dict, directory: Path, override: str | None = None) -> str:
     return override or cards or host.get("hostname") or _folder_name(directory)
 
 
-def serving_measurements(directory: Path, cost, host: str | None = None) -> tuple[list[dict], list[dict]]:
+def serving_measurements(directory: Path, cost, host: str | None = None,
+                         cells: bool = False) -> tuple[list[dict], list[dict]]:
     """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
@@ -698,21 +699,26 @@ def serving_measurements(directory: Path, cost, host: str | None = None) -> tupl
     clients after each one's first request, when the engine has compiled its kernels (which delays admission
     tenfold) and the server is lightly loaded. Each client process's first request is left out: before
     ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm. Every row names
-    its ``host`` (``run_host``; ``host`` overrides the recorded one), by which the fit weighs hosts equally."""
+    its ``host`` (``run_host``; ``host`` overrides the recorded one), by which the fit weighs hosts equally. With
+    ``cells``, the passes hold the cells' too (the requests do not): those a fit judged on these cells must not see."""
     meta, runs, traces = load_measured(directory, "calibration")
     processes = int(meta.get("client_processes", 1))  # process p sent rows p, p + processes, ...
     host = run_host(meta, directory, host)
     passes, requests = [], []
-    for name, m, _ in runs:
-        if traces[name] is None:
+    _, cell_runs, cell_traces = load_measured(directory) if cells else ({}, [], {})
+    for name, m, is_cell in [(name, m, False) for name, m, _ in runs] + [(name, m, True) for name, m, _ in cell_runs]:
+        trace = (cell_traces if is_cell else traces)[name]
+        if trace is None:
             continue
-        trace_passes, trace_requests = traces[name]
+        trace_passes, trace_requests = trace
         for p in cell_passes(m, trace_passes, cost):
             passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
                            "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["decode_context"],
                                                                  p["decode_max_context"])})
+        if is_cell:
+            continue
         if m.cell.clients:  # rows 0 .. clients - 1 are each client's first, sent together at the start
             requests += [{"host": host, "id": r.id, "prompt_tokens": r.prompt_tokens, "light": True,
                           "admission_s": trace_requests[r.response_id]["received"] - m.t0 - r.arrival,
@@ -1087,18 +1093,24 @@ def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, s
     return profile.with_hosts(HostSpread(tuple(kept + rows)))
 
 
-def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str], paths: tuple[str, ...] = ()):
+def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str], paths: tuple[str, ...] = (),
+                     growth: bool = False):
     """``profile`` with its serving paths' levels at the median host of the ``measured`` runs' warm-up and overload
-    passes (``calibration.serving.fit_path_levels``; ``paths``: those to fit, default every one served) and those
-    runs' hosts recorded again, since the levels move their simulated rates."""
-    from calibration.serving import fit_path_levels
+    passes (``calibration.serving.fit_path_levels``; ``paths``: those to fit, default every one served), with
+    ``growth`` their heat growth and prompt-attention scale first (``fit_path_growth``) and both on the cells' passes
+    too, and those runs' hosts recorded again, since the levels move their simulated rates."""
+    from calibration.serving import fit_path_growth, fit_path_levels
 
     if profile.serving is None:
         raise ValueError("the profile has no serving section whose levels to move")
     bare = profile.with_serving(None)
-    passes = [row for directory in measured for row in serving_measurements(directory, bare, hosts.get(directory))[0]]
-    levels, fit = fit_path_levels(passes, profile.serving, paths)
-    moved = profile.with_serving(profile.serving.with_path_levels(levels, fit)).with_hosts(profile.hosts)
+    # with growth, the cells' passes too: they span the heat that overload runs, hot throughout, do not
+    passes = [row for directory in measured
+              for row in serving_measurements(directory, bare, hosts.get(directory), cells=growth)[0]]
+    serving = profile.serving.with_path_growth(*fit_path_growth(passes, profile.serving, paths)) if growth \
+        else profile.serving
+    levels, fit = fit_path_levels(passes, serving, paths)
+    moved = profile.with_serving(serving.with_path_levels(levels, fit)).with_hosts(profile.hosts)
     return with_measured_hosts(moved, measured, hosts)
 
 
@@ -1193,6 +1205,11 @@ def _command():
     @click.option("--level-path", "level_paths", multiple=True,
                   help="With --fit-levels, a path whose level to fit (e.g. eager-prefill); repeat for several "
                        "(default: every path the runs served).")
+    @click.option("--level-growth", is_flag=True,
+                  help="With --fit-levels, first fit those paths' growth with heat and their prompts' attention "
+                       "over prefixes (each the median over the hosts whose passes show it, the cells' passes "
+                       "included: judge the result on other runs), then their levels at it: for a section fitted "
+                       "on hosts that could not show them.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1211,7 +1228,7 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, caps, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
-                 measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, record_hosts,
+                 measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1240,8 +1257,9 @@ def _command():
             raise click.UsageError("--host-from-overload needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and host_margin:
             raise click.UsageError("--host-from-overload measures each run's host; drop --host-margin")
-        if level_paths and not fit_levels:
-            raise click.UsageError("--level-path names a path for --fit-levels; give --fit-levels FILE")
+        for flag, given in (("--level-path", level_paths), ("--level-growth", level_growth)):
+            if given and not fit_levels:
+                raise click.UsageError(f"{flag} is for --fit-levels; give --fit-levels FILE")
         if fit_serving and record_hosts:
             raise click.UsageError("--fit-serving records its runs' hosts in its profile; drop --record-hosts")
         if not measured:
@@ -1289,13 +1307,17 @@ def _command():
                        f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
         if fit_levels:
             try:
-                cost = with_path_levels(cost, measured, hosts, level_paths)
+                cost = with_path_levels(cost, measured, hosts, level_paths, level_growth)
             except ValueError as e:
                 raise click.ClickException(f"--fit-levels: {e}") from None
             cost.save(fit_levels)
             moved = ", ".join(f"{path} {fit['before']:.4f} -> {cost.serving.path_scale[path]:.4f} ({fit['hosts']} "
                               f"hosts)" for path, fit in cost.serving.fit["levels"].items())
-            click.echo(f"serving levels at heat 0, the hosts' median: {moved}; wrote {fit_levels}")
+            growth = cost.serving.fit.get("growth", {}) if level_growth else {}
+            grown = "".join(f"; {path} heat {cost.serving.heat_scale[path]:.3f} (was {fit['heat_before']:.3f}, "
+                            f"{fit['heat_hosts']} hosts), attention {cost.serving.attention_scale[path]:.3f} (was "
+                            f"{fit['attention_before']:.3f})" for path, fit in growth.items())
+            click.echo(f"serving levels at heat 0, the hosts' median: {moved}{grown}; wrote {fit_levels}")
         if record_hosts:
             try:
                 cost = with_measured_hosts(cost, measured, hosts)
@@ -1305,7 +1327,7 @@ def _command():
         if fit_serving or record_hosts or fit_levels:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
-                       f"wrote {fit_serving or record_hosts}")
+                       f"wrote {fit_serving or record_hosts or fit_levels}")
         if host_margin:
             cost = SlowerHost(cost, 1 + host_margin)
         own_hosts = {directory: overload_path_factors(directory, cost) for directory in measured} \
