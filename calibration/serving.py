@@ -50,7 +50,8 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
-were one host.
+were one host; and with its heat growth and attention scale (``fit_path_growth``, ``--level-growth``) where those
+hosts could not show them.
 """
 
 from __future__ import annotations
@@ -340,6 +341,8 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
     shows keeps the section's. The levels are then ``fit_path_levels``'s, at the new growth. Passes as
     ``_level_passes`` keeps."""
     passes = _level_passes(passes, paths)
+    if passes.empty:  # (an empty frame's columns lose their number types)
+        raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
     attention = {**{p: serving.attention_scale[p] for p in passes["path"].unique()},
                  **_attention_scales(passes, min_count)}
     model_s = passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]

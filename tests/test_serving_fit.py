@@ -15,6 +15,7 @@ from calibration.serving import (
     PrefillHeat,
     ServingModel,
     decode_spread_tokens,
+    fit_path_growth,
     fit_path_levels,
     fit_serving,
     prefill_heats,
@@ -406,6 +407,38 @@ def test_a_paths_level_moves_to_the_median_host_and_keeps_its_heat_growth():
         fit_path_levels(passes, section, ["prefill"])
     with pytest.raises(ValueError, match="no path has 10 passes"):
         fit_path_levels(passes, section, ["eager"])
+
+
+def test_a_paths_growth_is_the_median_hosts_and_its_level_follows():
+    """Three hosts ran mixed passes at served / swept = (level + 0.08 x heat) x (1 + 0.3 x attention's share of
+    the step), levels 0.90, 0.92 and 1.05: the path's attention scale and heat growth are the hosts' medians, and
+    its level, fitted at them, the median host's. Decode steps that span no heat keep the section's growth, and
+    have no attention to grow."""
+    rng = np.random.default_rng(9)
+    section = ServingModel(path_scale={"mixed-graph": 1.0, "decode-graph": 0.97},
+                           heat_scale={"decode-graph": 0.02})
+
+    def host(name: str, n: int, level: float) -> dict:
+        heat, share = rng.uniform(0, 1, n), rng.uniform(0, 0.2, n)
+        served = 0.02 * (level + 0.08 * heat) * (1 + 0.3 * share) * (1 + rng.normal(0, 0.002, n))
+        return {"path": ["mixed-graph"] * n, "model_s": np.full(n, 0.02), "attention_s": 0.02 * share,
+                "heat": heat, "host": [name] * n, "pass_s": served, "num_samples": np.full(n, 8),
+                "prefill_tokens": np.full(n, 512)}
+
+    decodes = {"path": ["decode-graph"] * 50, "model_s": np.full(50, 0.01), "attention_s": np.zeros(50),
+               "heat": np.full(50, 0.5), "host": ["a"] * 50, "pass_s": np.full(50, 0.0099),
+               "num_samples": np.full(50, 16), "prefill_tokens": np.zeros(50)}
+    passes = joined(host("a", 400, 0.90), host("b", 400, 0.92), host("c", 4000, 1.05), decodes)
+    attention, heat, fit = fit_path_growth(passes, section)
+    assert attention == {"mixed-graph": pytest.approx(0.3, abs=0.02), "decode-graph": 0.0}
+    assert heat == {"mixed-graph": pytest.approx(0.08, abs=0.01), "decode-graph": 0.02}
+    assert fit["mixed-graph"]["heat_hosts"] == 3 and fit["decode-graph"]["heat_hosts"] == 0
+    grown = section.with_path_growth(attention, heat, fit)
+    assert grown.fit["growth"] == fit and grown.path_scale == section.path_scale
+    levels, _ = fit_path_levels(passes, grown, ["mixed-graph"])
+    assert levels == {"mixed-graph": pytest.approx(0.92, abs=0.01)}
+    with pytest.raises(ValueError, match="no path has 10 passes on a host to fit its growth"):
+        fit_path_growth(passes, section, ["eager"])
 
 
 def test_each_host_weighs_as_one_in_the_loop():

@@ -771,3 +771,31 @@ def test_fit_levels_moves_a_paths_level_to_the_runs_median_host(run, cpu_profile
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
                                            str(tmp_path / "e"), "--level-path", "decode-graph"])
     assert result.exit_code == 2 and "give --fit-levels FILE" in result.output
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "f"), "--level-growth"])
+    assert result.exit_code == 2 and "--level-growth is for --fit-levels" in result.output
+
+
+def test_level_growth_fits_a_paths_heat_and_attention_on_the_cells_too(run, tmp_path):
+    """--fit-levels --level-growth fits the path's heat growth and attention scale, from the warm-up, overload and
+    cell passes (the cells' passes are the run's too), then its level at them; the fit says what it moved."""
+    out, _ = run
+    served = load_profile(out / "served.json")
+    fitted = served.serving.fit["path_scale"]
+    path = max(fitted, key=lambda p: fitted[p]["n"])
+    bare = served.with_serving(None)
+    calibration, with_cells = serving_measurements(out, bare)[0], serving_measurements(out, bare, cells=True)[0]
+    assert len(with_cells) > len(calibration)
+    assert pd.DataFrame(with_cells[:len(calibration)]).equals(pd.DataFrame(calibration))  # (NaN loops alike)
+    grown_file = tmp_path / "grown.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "g"), "--fit-levels", str(grown_file), "--level-path", path,
+                                           "--level-growth"])
+    assert result.exit_code == 0, result.output
+    assert f"; {path} heat " in result.output and "attention" in result.output
+    grown = load_profile(grown_file)
+    growth = grown.serving.fit["growth"][path]
+    assert growth["heat_before"] == served.serving.heat_scale[path] and growth["n"] > 0
+    assert list(grown.serving.fit["growth"]) == [path] == list(grown.serving.fit["levels"])
+    assert {p: v for p, v in grown.serving.heat_scale.items() if p != path} == \
+        {p: v for p, v in served.serving.heat_scale.items() if p != path}
