@@ -338,7 +338,9 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
     hold), each the median over the hosts that show it, as ``fit_serving`` fits them (``_attention_scales``, then
     ``_heat_slope`` on the served / priced step with that attention): for a section whose paths were fitted on
     hosts that could not show them (too few, or an engine before version 8 or 13 of the profile). A path no host
-    shows keeps the section's. The levels are then ``fit_path_levels``'s, at the new growth. Passes as
+    shows keeps the section's growth, except prompts alone: served mostly on an idle, cool engine, they span too
+    little heat, and take the growth their base path's hosts show (``PREFILL_PATHS``, as sections before versions
+    10 and 12 priced them). The levels are then ``fit_path_levels``'s, at the new growth. Passes as
     ``_level_passes`` keeps."""
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
@@ -347,16 +349,21 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
                  **_attention_scales(passes, min_count)}
     model_s = passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]
     rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
-    heat, fit = {}, {}
+    shown, fit = {}, {}
     for path, part in rows.groupby("path"):
         slopes = {host: _heat_slope(g["heat"].to_numpy(), g["ratio"].to_numpy())
                   for host, g in part.groupby("host") if len(g) >= min_count}
-        shown = [s for s in slopes.values() if s is not None]
-        heat[path] = float(np.median(shown)) if shown else serving.heat_scale[path]
-        fit[path] = {"n": int(len(part)), "heat_hosts": len(shown), "heat_before": serving.heat_scale[path],
+        shown[path] = [s for s in slopes.values() if s is not None]
+        fit[path] = {"n": int(len(part)), "heat_hosts": len(shown[path]), "heat_before": serving.heat_scale[path],
                      "attention_before": serving.attention_scale[path], "host_heat": slopes}
     if not fit:
         raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
+    heat = {path: float(np.median(shown[path])) for path in fit if shown[path]}
+    for path in fit.keys() - heat.keys():
+        base = PREFILL_PATHS.get(path)
+        heat[path] = heat[base] if base in heat else serving.heat_scale[path]
+        if base in heat:
+            fit[path]["heat_from"] = base
     return {p: attention[p] for p in fit}, heat, fit
 
 

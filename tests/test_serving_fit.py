@@ -413,7 +413,7 @@ def test_a_paths_growth_is_the_median_hosts_and_its_level_follows():
     """Three hosts ran mixed passes at served / swept = (level + 0.08 x heat) x (1 + 0.3 x attention's share of
     the step), levels 0.90, 0.92 and 1.05: the path's attention scale and heat growth are the hosts' medians, and
     its level, fitted at them, the median host's. Decode steps that span no heat keep the section's growth, and
-    have no attention to grow."""
+    have no attention to grow; prompts alone, all on a cool card, take their base path's growth."""
     rng = np.random.default_rng(9)
     section = ServingModel(path_scale={"mixed-graph": 1.0, "decode-graph": 0.97},
                            heat_scale={"decode-graph": 0.02})
@@ -428,11 +428,15 @@ def test_a_paths_growth_is_the_median_hosts_and_its_level_follows():
     decodes = {"path": ["decode-graph"] * 50, "model_s": np.full(50, 0.01), "attention_s": np.zeros(50),
                "heat": np.full(50, 0.5), "host": ["a"] * 50, "pass_s": np.full(50, 0.0099),
                "num_samples": np.full(50, 16), "prefill_tokens": np.zeros(50)}
-    passes = joined(host("a", 400, 0.90), host("b", 400, 0.92), host("c", 4000, 1.05), decodes)
+    alone = {**decodes, "path": ["mixed-prefill"] * 50, "heat": rng.uniform(0, 0.05, 50),
+             "prefill_tokens": np.full(50, 512)}
+    passes = joined(host("a", 400, 0.90), host("b", 400, 0.92), host("c", 4000, 1.05), decodes, alone)
     attention, heat, fit = fit_path_growth(passes, section)
-    assert attention == {"mixed-graph": pytest.approx(0.3, abs=0.02), "decode-graph": 0.0}
-    assert heat == {"mixed-graph": pytest.approx(0.08, abs=0.01), "decode-graph": 0.02}
+    assert attention == {"mixed-graph": pytest.approx(0.3, abs=0.02), "decode-graph": 0.0, "mixed-prefill": 0.0}
+    assert heat == {"mixed-graph": pytest.approx(0.08, abs=0.01), "decode-graph": 0.02,
+                    "mixed-prefill": heat["mixed-graph"]}
     assert fit["mixed-graph"]["heat_hosts"] == 3 and fit["decode-graph"]["heat_hosts"] == 0
+    assert fit["mixed-prefill"]["heat_from"] == "mixed-graph" and "heat_from" not in fit["decode-graph"]
     grown = section.with_path_growth(attention, heat, fit)
     assert grown.fit["growth"] == fit and grown.path_scale == section.path_scale
     levels, _ = fit_path_levels(passes, grown, ["mixed-graph"])
