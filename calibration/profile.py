@@ -46,12 +46,13 @@ FORMAT = "splitfuse-profile"
 # (``calibration.host_spread``); 12: graph passes of prompts alone may have a scale of their own ("mixed-prefill");
 # 13: the serving section's paths may grow their prompt attention ("attention_scale"); 14: passes with prompt
 # tokens may pay for their decodes' spread of contexts (the serving section's "mixed_spread_s"); 15: the serving
-# section may carry the served passes' spread ("noise_q"), which the simulator then draws from.
-# Versions 2-14 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
+# section may carry the served passes' spread ("noise_q"), which the simulator then draws from; 16: the serving
+# section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s").
+# Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
-# spread charged beside prompt tokens; the sweep's spread of pass times).
-VERSION = 15
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+# spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
+VERSION = 16
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -95,7 +96,8 @@ class Profile:
         attention = serving.attention_scale[path]
         if attention:
             step += attention * self.model.attention_seconds(f)
-        return serving.scale(path, heat) * step + serving.loop_seconds(f.num_samples) + serving.spread_seconds(f)
+        return (serving.step_seconds(path, step, f.num_samples, heat) + serving.loop_seconds(f.num_samples)
+                + serving.spread_seconds(f))
 
     def attention_seconds(self, f: PassFeatures) -> float:
         """The swept price of the prompt tokens' attention over their prefixes in a pass with features ``f``

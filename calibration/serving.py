@@ -41,6 +41,13 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   served step is ``scale x (swept step + attention_scale x swept attention)``. Served, a chunk on a deep prefix runs
   further over its swept price than a prompt alone: on every llama-2-7b H200 host, served / swept grew by 0.18-0.39
   with attention's share of the step (``calibration/VALIDATION.md``, twenty-fourth round). Older sections have none;
+- the served step's work per sampled entry beyond the sweep's price (from profile version 16):
+  ``step_per_sample_s`` x sampled entries on the graph paths, fitted with their levels (``fit_step_per_sample``,
+  ``--level-per-sample``). Served, the host prepares each sequence's inputs before the graph runs, and that grows
+  with the batch faster than in the sweep, by a card's host: on the cells of four mistral-7b H200 cards the served
+  decode step ran 0.98 of its price at up to 8 sequences and 1.04-1.09 at 96-128 (``calibration/VALIDATION.md``,
+  thirty-eighth round), so one level per path read a long mix's small batches too dear and a short mix's large
+  ones too cheap. Older sections have none;
 - the spread of served passes around their price (from profile version 15): ``noise_q``, quantiles of each served
   pass's time (step and loop) over the section's price, each run's over its median, each host's distribution
   weighing as one (``served_noise``). The simulator draws each pass's factor from it instead of the sweep's repeats
@@ -64,8 +71,9 @@ import numpy as np
 PATHS = ("decode-graph", "mixed-graph", "eager", "eager-prefill", "mixed-prefill")
 # A path priced apart from a later profile version, and the path whose scale (and heat) priced it before.
 PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
+GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
-           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s")
+           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
 NOISE_QUANTILES = 1024  # points kept of the served passes' spread: its upper tail moves the mean and the p99s
@@ -149,7 +157,7 @@ class ServingModel:
                  heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S,
                  loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
                  attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
-                 noise_q: Sequence[float] = ()) -> None:
+                 noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -158,6 +166,7 @@ class ServingModel:
         self.delivery_per_sample_s = _check("delivery_per_sample_s", delivery_per_sample_s)
         self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
         self.mixed_spread_s = _check("mixed_spread_s", mixed_spread_s)
+        self.step_per_sample_s = _check("step_per_sample_s", step_per_sample_s)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
@@ -195,6 +204,13 @@ class ServingModel:
     def scale(self, path: str, heat: float = 0.0) -> float:
         """Served step / swept step on ``path`` (``scale_path``) at ``heat`` (``PrefillHeat``)."""
         return self.path_scale[path] + self.heat_scale[path] * heat
+
+    def step_seconds(self, path: str, step: float, num_samples: int, heat: float = 0.0) -> float:
+        """The served step on ``path`` of a pass the sweep priced at ``step`` seconds that sampled ``num_samples``
+        entries, on a card of that ``heat``. The work per sampled entry is the graph paths' (``GRAPH_PATHS``), where
+        it is fitted; the eager paths' levels carry theirs."""
+        per_sample = self.step_per_sample_s * num_samples if path in GRAPH_PATHS else 0.0
+        return self.scale(path, heat) * step + per_sample
 
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
@@ -238,6 +254,13 @@ class ServingModel:
         return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
                                        "fit": {**d["fit"], "levels": dict(fit or {})}})
 
+    def with_step_per_sample(self, seconds: float, fit: Mapping | None = None) -> ServingModel:
+        """This section with ``seconds`` as its served step's work per sampled entry (``fit_step_per_sample``) and
+        ``fit`` under the fit's "step_per_sample"; its levels are still to be fitted at it."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "step_per_sample_s": seconds,
+                                       "fit": {**d["fit"], "step_per_sample": dict(fit or {})}})
+
     def with_path_growth(self, attention: Mapping[str, float], heat: Mapping[str, float],
                          fit: Mapping | None = None) -> ServingModel:
         """This section with ``attention`` and ``heat`` as those paths' attention scales and heat growth
@@ -251,7 +274,7 @@ class ServingModel:
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
-        prompt tokens, before 15 no served spread (the sweep's)."""
+        prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
@@ -312,13 +335,15 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     """({path: scale at heat 0}, fit summary) of ``paths`` (default: every path ``passes`` hold) at the median
     host: each host's median of served / priced step less ``serving``'s heat growth at the pass's heat, then the
     median over the hosts with ``min_count`` passes of the path, each host weighing as one. ``passes``: rows as
-    ``fit_serving`` takes (``model_s`` the swept step; the section's attention scale is added). Only the level
-    moves: the heat growth, loop, spreads and noise stay the section's. Passes as ``_level_passes`` keeps."""
+    ``fit_serving`` takes (``model_s`` the swept step; the section's attention scale is added, and its work per
+    sampled entry taken off the served step). Only the level moves: the heat growth, loop, spreads and noise stay
+    the section's. Passes as ``_level_passes`` keeps."""
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
     model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
-    rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
+    served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
+    rows = _finite_rows(passes.assign(ratio=served / model_s), "ratio", "heat")
     levels, fit = {}, {}
     for path, part in rows.groupby("path"):
         hosts = _host_levels({host: g for host, g in part.groupby("host") if len(g) >= min_count},
@@ -332,6 +357,44 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     return levels, fit
 
 
+def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | None = None,
+                        min_count: int = 10) -> tuple[float, dict]:
+    """(the served step's work per sampled entry beyond the sweep's price, fit summary): each host with
+    ``min_count`` passes that sample fits served step = level(path) x priced step + b x sampled entries over the
+    graph ``paths`` (default both; ``GRAPH_PATHS``) at once, the level free per path, robust to the odd slow pass
+    (each residual a share of the priced step), and b is the median over those hosts, at least 0. The priced step
+    is the section's (``model_s`` the swept step, with its attention scale and heat growth). Passes as
+    ``_level_passes`` keeps."""
+    paths = [p for p in (paths or GRAPH_PATHS) if p in GRAPH_PATHS]
+    passes = _level_passes(passes, paths) if paths else []
+    if len(passes) == 0:  # (an empty frame's columns lose their number types)
+        raise ValueError(f"no host has {min_count} passes that sample on a graph path to fit the step's work per "
+                         "sampled entry on")
+    model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
+    rows = _finite_rows(passes.assign(priced=model_s), "pass_s", "priced", "heat")
+    rows = rows[rows["num_samples"] > 0]
+    hosts = {}
+    for host, part in rows.groupby("host"):
+        shown = [p for p in paths if (part["path"] == p).sum() >= min_count]
+        if not shown:
+            continue
+        part = part[part["path"].isin(shown)]
+        priced = part["priced"].to_numpy()
+        heat = (part["path"].map(serving.heat_scale) * part["heat"]).to_numpy()
+        served = part["pass_s"].to_numpy() - heat * priced  # the heat growth is the section's
+        X = np.column_stack([*(priced * (part["path"] == p).to_numpy() for p in shown),
+                             part["num_samples"].to_numpy(dtype=float)])
+        start = np.array([*(serving.path_scale[p] for p in shown), 0.0])
+        coef = _robust_fit(X, served, start, priced)
+        hosts[host] = {"per_sample_s": float(coef[-1]), "levels": dict(zip(shown, map(float, coef[:-1]))),
+                       "n": int(len(part)), "samples_p90": float(np.percentile(X[:, -1], 90))}
+    if not hosts:
+        raise ValueError(f"no host has {min_count} passes that sample on a graph path to fit the step's work per "
+                         "sampled entry on")
+    per_sample = max(0.0, float(np.median([h["per_sample_s"] for h in hosts.values()])))
+    return per_sample, {"hosts": hosts, "before": serving.step_per_sample_s}
+
+
 def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None = None,
                     min_count: int = 10) -> tuple[dict[str, float], dict[str, float], dict]:
     """({path: attention scale}, {path: heat growth}, fit summary) of ``paths`` (default every one ``passes``
@@ -340,13 +403,16 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
     hosts that could not show them (too few, or an engine before version 8 or 13 of the profile). A path no host
     shows keeps the section's growth, except prompts alone: served mostly on an idle, cool engine, they span too
     little heat, and take the growth their base path's hosts show (``PREFILL_PATHS``, as sections before versions
-    10 and 12 priced them). The levels are then ``fit_path_levels``'s, at the new growth. Passes as
-    ``_level_passes`` keeps."""
+    10 and 12 priced them), and its attention scale too: the same graph's kernels, in a few passes a run that
+    cannot separate attention's share from noise. The levels are then ``fit_path_levels``'s, at the new growth.
+    Passes as ``_level_passes`` keeps."""
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
     attention = {**{p: serving.attention_scale[p] for p in passes["path"].unique()},
                  **_attention_scales(passes, min_count)}
+    inherited = {alone for alone, base in PREFILL_PATHS.items() if alone in attention and base in attention}
+    attention.update({alone: attention[PREFILL_PATHS[alone]] for alone in inherited})
     model_s = passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]
     rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
     shown, fit = {}, {}
@@ -364,6 +430,8 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
         heat[path] = heat[base] if base in heat else serving.heat_scale[path]
         if base in heat:
             fit[path]["heat_from"] = base
+    for path in fit.keys() & inherited:
+        fit[path]["attention_from"] = PREFILL_PATHS[path]
     return {p: attention[p] for p in fit}, heat, fit
 
 
@@ -522,25 +590,43 @@ def _loop_line(passes, several_hosts: bool) -> tuple[float, float, float, float,
 
 MIN_HEAT_RANGE = 0.2  # a path's passes must span this much heat (p10 to p90) to fit its growth with it
 MIN_ATTENTION_RANGE = 0.05  # nor its attention growth under this span of attention's share of the step (p10 to p90)
+FIT_NOISE = 0.02  # a served / swept step this far off a robust fit's line weighs less in it
+
+
+def _robust_fit(X: np.ndarray, y: np.ndarray, start: np.ndarray, scale: np.ndarray | float = 1.0) -> np.ndarray:
+    """The coefficients c of y = X c, from ``start``, each residual a share of ``scale``, robust to the odd pass
+    timed apart from its work (a Cauchy loss past ``FIT_NOISE``)."""
+    from scipy.optimize import least_squares
+
+    return least_squares(_scaled_residual, start, loss="cauchy", f_scale=FIT_NOISE, args=(X, y, scale)).x
+
+
+def _scaled_residual(c: np.ndarray, X: np.ndarray, y: np.ndarray, scale) -> np.ndarray:
+    return (X @ c - y) / scale
 
 
 def _attention_scales(passes, min_count: int) -> dict[str, float]:
     """{path: attention_scale} where hosts show it: each host with ``min_count`` finite passes of the path spanning
-    ``MIN_ATTENTION_RANGE`` of attention's share of the swept step fits served / swept = a + b x heat + c x share by
-    least squares, and its scale is c / a (what the attention costs served beyond the sweep's price, as a share of
-    that price); the path's, the median over those hosts, at least 0. Paths no host shows are left out."""
+    ``MIN_ATTENTION_RANGE`` of attention's share of the swept step fits served / swept = a + b x heat + c x share
+    (no heat term where they span under ``MIN_HEAT_RANGE`` of it, which the level alone then carries) by least
+    squares, robust to the odd pass timed apart from its work, and its scale is c / a (what the attention costs
+    served beyond the sweep's price, as a share of that price); the path's, the median over those hosts, at least
+    0. Paths no host shows are left out."""
     ratio, share = passes["pass_s"] / passes["model_s"], passes["attention_s"] / passes["model_s"]
     rows = _finite_rows(passes.assign(ratio=ratio, share=share), "ratio", "share", "heat")
     scales = {}
     for path, part in rows[rows["share"] > 0].groupby("path"):
         fits = []
         for _, host in part.groupby("host"):
-            x = host["share"].to_numpy()
+            x, heat, y = host["share"].to_numpy(), host["heat"].to_numpy(), host["ratio"].to_numpy()
             if len(host) < min_count or np.percentile(x, 90) - np.percentile(x, 10) < MIN_ATTENTION_RANGE:
                 continue
-            A = np.column_stack([np.ones_like(x), host["heat"].to_numpy(), x])
-            a, _, c = np.linalg.lstsq(A, host["ratio"].to_numpy(), rcond=None)[0]
-            fits.append(c / a)
+            spans_heat = np.percentile(heat, 90) - np.percentile(heat, 10) >= MIN_HEAT_RANGE
+            A = np.column_stack([np.ones_like(x), heat, x] if spans_heat else [np.ones_like(x), x])
+            start = np.zeros(A.shape[1])
+            start[0] = np.median(y)  # (a start off the bulk can lead the robust loss to a far minimum)
+            coef = _robust_fit(A, y, start)
+            fits.append(coef[-1] / coef[0])
         if fits:
             scales[path] = max(0.0, float(np.median(fits)))
     return scales

@@ -1094,21 +1094,24 @@ def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, s
 
 
 def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str], paths: tuple[str, ...] = (),
-                     growth: bool = False):
+                     growth: bool = False, per_sample: bool = False):
     """``profile`` with its serving paths' levels at the median host of the ``measured`` runs' warm-up and overload
     passes (``calibration.serving.fit_path_levels``; ``paths``: those to fit, default every one served), with
-    ``growth`` their heat growth and prompt-attention scale first (``fit_path_growth``) and both on the cells' passes
+    ``growth`` their heat growth and prompt-attention scale first (``fit_path_growth``), with ``per_sample`` the
+    served step's work per sampled entry (``fit_step_per_sample``, after the growth), either on the cells' passes
     too, and those runs' hosts recorded again, since the levels move their simulated rates."""
-    from calibration.serving import fit_path_growth, fit_path_levels
+    from calibration.serving import fit_path_growth, fit_path_levels, fit_step_per_sample
 
     if profile.serving is None:
         raise ValueError("the profile has no serving section whose levels to move")
     bare = profile.with_serving(None)
-    # with growth, the cells' passes too: they span the heat that overload runs, hot throughout, do not
+    # the cells' passes too: they span the heat that overload runs, hot throughout, do not, and the batches between
     passes = [row for directory in measured
-              for row in serving_measurements(directory, bare, hosts.get(directory), cells=growth)[0]]
+              for row in serving_measurements(directory, bare, hosts.get(directory), cells=growth or per_sample)[0]]
     serving = profile.serving.with_path_growth(*fit_path_growth(passes, profile.serving, paths)) if growth \
         else profile.serving
+    if per_sample:
+        serving = serving.with_step_per_sample(*fit_step_per_sample(passes, serving, paths))
     levels, fit = fit_path_levels(passes, serving, paths)
     moved = profile.with_serving(serving.with_path_levels(levels, fit)).with_hosts(profile.hosts)
     return with_measured_hosts(moved, measured, hosts)
@@ -1210,6 +1213,11 @@ def _command():
                        "over prefixes (each the median over the hosts whose passes show it, the cells' passes "
                        "included: judge the result on other runs), then their levels at it: for a section fitted "
                        "on hosts that could not show them.")
+    @click.option("--level-per-sample", is_flag=True,
+                  help="With --fit-levels, first fit the served step's work per sampled entry beyond the sweep's "
+                       "price (the median over hosts, the cells' passes included: judge the result on other runs), "
+                       "then the levels at it: for cards whose served step grows with the batch faster than the "
+                       "sweep's.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1228,7 +1236,8 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, caps, replicas, balancers, saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
-                 measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, record_hosts,
+                 measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, level_per_sample,
+                 record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1257,7 +1266,8 @@ def _command():
             raise click.UsageError("--host-from-overload needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and host_margin:
             raise click.UsageError("--host-from-overload measures each run's host; drop --host-margin")
-        for flag, given in (("--level-path", level_paths), ("--level-growth", level_growth)):
+        for flag, given in (("--level-path", level_paths), ("--level-growth", level_growth),
+                            ("--level-per-sample", level_per_sample)):
             if given and not fit_levels:
                 raise click.UsageError(f"{flag} is for --fit-levels; give --fit-levels FILE")
         if fit_serving and record_hosts:
@@ -1307,7 +1317,7 @@ def _command():
                        f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
         if fit_levels:
             try:
-                cost = with_path_levels(cost, measured, hosts, level_paths, level_growth)
+                cost = with_path_levels(cost, measured, hosts, level_paths, level_growth, level_per_sample)
             except ValueError as e:
                 raise click.ClickException(f"--fit-levels: {e}") from None
             cost.save(fit_levels)
@@ -1317,7 +1327,11 @@ def _command():
             grown = "".join(f"; {path} heat {cost.serving.heat_scale[path]:.3f} (was {fit['heat_before']:.3f}, "
                             f"{fit['heat_hosts']} hosts), attention {cost.serving.attention_scale[path]:.3f} (was "
                             f"{fit['attention_before']:.3f})" for path, fit in growth.items())
-            click.echo(f"serving levels at heat 0, the hosts' median: {moved}{grown}; wrote {fit_levels}")
+            per_sample = (f"; the step {cost.serving.step_per_sample_s * 1e6:.2f} us a sampled entry (hosts "
+                          + ", ".join(f"{h} {f['per_sample_s'] * 1e6:.2f}" for h, f in
+                                      cost.serving.fit["step_per_sample"]["hosts"].items()) + ")"
+                          if level_per_sample else "")
+            click.echo(f"serving levels at heat 0, the hosts' median: {moved}{grown}{per_sample}; wrote {fit_levels}")
         if record_hosts:
             try:
                 cost = with_measured_hosts(cost, measured, hosts)

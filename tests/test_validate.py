@@ -774,6 +774,9 @@ def test_fit_levels_moves_a_paths_level_to_the_runs_median_host(run, cpu_profile
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
                                            str(tmp_path / "f"), "--level-growth"])
     assert result.exit_code == 2 and "--level-growth is for --fit-levels" in result.output
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "h"), "--level-per-sample"])
+    assert result.exit_code == 2 and "--level-per-sample is for --fit-levels" in result.output
 
 
 def test_level_growth_fits_a_paths_heat_and_attention_on_the_cells_too(run, tmp_path):
@@ -799,3 +802,14 @@ def test_level_growth_fits_a_paths_heat_and_attention_on_the_cells_too(run, tmp_
     assert list(grown.serving.fit["growth"]) == [path] == list(grown.serving.fit["levels"])
     assert {p: v for p, v in grown.serving.heat_scale.items() if p != path} == \
         {p: v for p, v in served.serving.heat_scale.items() if p != path}
+
+
+def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
+    """--level-per-sample fits the served step's work per sampled entry on the graph paths; a CPU run serves every
+    pass eager, so it stops with an error that names what is missing, and writes nothing."""
+    out, _ = run
+    target = tmp_path / "per-sample.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "p"), "--fit-levels", str(target), "--level-per-sample"])
+    assert result.exit_code == 1 and "--fit-levels: no host has 10 passes that sample on a graph path" in result.output
+    assert not target.exists()
