@@ -236,7 +236,9 @@ class ServingModel:
         return self._delivery_base + self.delivery_per_sample_s * num_samples
 
     def to_dict(self) -> dict:
-        return {**{name: getattr(self, name) for name in NUMBERS}, "admission_q": self.admission_q.tolist(),
+        # a section without work per sampled entry in its step keeps the form of the versions before it
+        numbers = [name for name in NUMBERS if name != "step_per_sample_s" or self.step_per_sample_s]
+        return {**{name: getattr(self, name) for name in numbers}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
                 **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {})}
