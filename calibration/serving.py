@@ -367,11 +367,11 @@ def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | No
     (each residual a share of the priced step), and b is the median over those hosts, at least 0. The priced step
     is the section's (``model_s`` the swept step, with its attention scale and heat growth). Passes as
     ``_level_passes`` keeps."""
+    too_few = f"no host has {min_count} passes that sample on a graph path to fit the step's work per sampled entry on"
     paths = [p for p in (paths or GRAPH_PATHS) if p in GRAPH_PATHS]
     passes = _level_passes(passes, paths) if paths else []
     if len(passes) == 0:  # (an empty frame's columns lose their number types)
-        raise ValueError(f"no host has {min_count} passes that sample on a graph path to fit the step's work per "
-                         "sampled entry on")
+        raise ValueError(too_few)
     model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
     rows = _finite_rows(passes.assign(priced=model_s), "pass_s", "priced", "heat")
     rows = rows[rows["num_samples"] > 0]
@@ -391,8 +391,7 @@ def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | No
         hosts[host] = {"per_sample_s": float(coef[-1]), "levels": dict(zip(shown, map(float, coef[:-1]))),
                        "n": int(len(part)), "samples_p90": float(np.percentile(X[:, -1], 90))}
     if not hosts:
-        raise ValueError(f"no host has {min_count} passes that sample on a graph path to fit the step's work per "
-                         "sampled entry on")
+        raise ValueError(too_few)
     per_sample = max(0.0, float(np.median([h["per_sample_s"] for h in hosts.values()])))
     return per_sample, {"hosts": hosts, "before": serving.step_per_sample_s}
 
