@@ -83,7 +83,7 @@ def test_engine_process_death_answers_503_then_stops_the_server():
                 r = httpx.post(url + "/v1/completions", json=BODY, timeout=10)
             except httpx.ConnectError:
                 break
-            except httpx.RemoteProtocolError:  # the server stopped while this request was on its way: ask again
+            except (httpx.RemoteProtocolError, httpx.ReadError):  # it stopped while this request was on its way
                 time.sleep(0.05)
                 continue
             assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
