@@ -14,7 +14,7 @@ VIEWS = {"server": "sim-server", "client": "sim"}  # a measured view -> the simu
 # What makes a cell, as ``splitfuse validate`` writes it; a file has scheduler and mix, and load (open loop, a share
 # of the saturation rate) or clients (closed loop), and may have the others.
 CELL = ("scheduler", "token_budget", "mix", "arrivals", "load", "clients", "num_requests", "seed", "replicas",
-        "balancer", "repeat", "max_concurrency")
+        "balancer", "repeat", "max_concurrency", "temperature")
 REQUIRED = ("source", "scheduler", "mix")
 LATENCY_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p95",
                                                                                       "p99"))
@@ -134,14 +134,17 @@ def compare(results, reference: str = "server"):
 
 
 def cell_name(row) -> str:
-    """``splitfuse / long / load 0.5``, ``... / 8 clients``, ``... / load 0.9 / max concurrency 16``, or a fleet's
-    ``splitfuse x2 round-robin / ...``."""
+    """``splitfuse / long / load 0.5``, ``... / 8 clients``, ``... / load 0.9 / max concurrency 16``, ``... /
+    temperature 0`` (any but the default 1.0), or a fleet's ``splitfuse x2 round-robin / ...``."""
     import pandas as pd
 
     load = row.get("load")
     what = f"load {load:g}" if load is not None and not pd.isna(load) else f"{int(row.get('clients', 0))} clients"
     cap = row.get("max_concurrency")
     what += f" / max concurrency {int(cap)}" if cap is not None and not pd.isna(cap) and cap > 0 else ""
+    temperature = row.get("temperature")
+    what += f" / temperature {temperature:g}" if temperature is not None and not pd.isna(temperature) \
+        and temperature != 1.0 else ""
     replicas = row.get("replicas")
     fleet = f" x{int(replicas)} {row.get('balancer')}" if replicas is not None and not pd.isna(replicas) \
         and replicas > 1 else ""

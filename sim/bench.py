@@ -9,7 +9,7 @@ writes vLLM's JSON result, ``sim.bench_result``), with the earlier names kept as
 simulator's (``sim.workload``): open loop with Poisson or gamma arrivals, or closed loop with N clients (as
 DeepSpeed-FastGen's benchmark; an infinite rate with ``--max-concurrency N`` is the same), lengths as in
 ``--prompt-len``. Each request streams from ``/v1/completions`` with ``ignore_eos`` so it produces exactly its
-output length.
+output length, at the server's default temperature unless ``--temperature`` is given.
 """
 
 from __future__ import annotations
@@ -48,9 +48,12 @@ def make_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int 
     return [" ".join(rng.choice(words, size=int(n))) for n in lengths]
 
 
-async def send(client, url: str, model: str, prompt, record: Record, t0: float) -> None:
+async def send(client, url: str, model: str, prompt, record: Record, t0: float, extra_body: dict | None = None
+               ) -> None:
+    """Stream one completion and record its times. ``extra_body``: more fields of the request (e.g. its
+    ``temperature``; the server's defaults otherwise)."""
     body = {"model": model, "prompt": prompt, "max_tokens": record.max_tokens, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra_body or {})}
     record.arrival = time.perf_counter() - t0
     usage_tokens = None
     try:
@@ -96,7 +99,8 @@ async def warm_up(client, url: str) -> None:
 
 async def run_workload(url: str, model: str, table, prompts: list, clients: int, timeout: float,
                        t0: float | None = None, ids=None, max_concurrency: int | None = None,
-                       progress: bool = False, claimed=None, cap: SharedCap | None = None) -> list[Record]:
+                       progress: bool = False, extra_body: dict | None = None, claimed=None,
+                       cap: SharedCap | None = None) -> list[Record]:
     """Send every request (open or closed loop); times are seconds since ``t0`` (a ``time.perf_counter`` value,
     system-wide on Linux, so client processes started together can share it; default: now). ``ids``: send only
     these rows of ``table`` (one client process's share). ``max_concurrency``: in open loop, at most this many
@@ -105,7 +109,8 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
     replaces this process's own. ``claimed``: in closed loop, a counter of the rows taken that client processes share
     (``multiprocessing.Value``): each client takes the next row of the whole table when its last request
     finishes, not of its process's share, and ``ids`` is ignored. ``progress``: a tqdm bar of finished requests
-    on stderr. The client is warmed up (``warm_up``) before the first request."""
+    on stderr. ``extra_body``: fields added to every request (``send``). The client is warmed up (``warm_up``)
+    before the first request."""
     import httpx
     from tqdm import tqdm
 
@@ -119,7 +124,7 @@ async def run_workload(url: str, model: str, table, prompts: list, clients: int,
 
     async def one(client, i: int) -> None:
         records.setdefault(i, _record(table, i))
-        await send(client, url, model, prompts[i], records[i], t0)
+        await send(client, url, model, prompts[i], records[i], t0, extra_body)
         bar.update(1)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10), limits=limits) as client:
@@ -219,7 +224,7 @@ def _claim(claimed, rows: int) -> int | None:
 
 def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout: float,
                processes: int = 1, t0: float | None = None, max_concurrency: int | None = None,
-               progress: bool = False) -> list[Record]:
+               progress: bool = False, extra_body: dict | None = None) -> list[Record]:
     """``run_workload`` spread over ``processes`` client processes that share one clock origin ``t0`` (default:
     0.2 s from now, so every process is up before the first arrival): one Python process parsing thousands of
     streamed events a second lags the server it measures. In open loop process p sends rows p, p + processes,
@@ -233,7 +238,7 @@ def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout
         processes = min(processes, clients)
     if processes <= 1:
         return asyncio.run(run_workload(url, model, table, prompts, clients, timeout, t0, None, max_concurrency,
-                                        progress))
+                                        progress, extra_body))
     import multiprocessing
 
     def share(total: int, p: int) -> int:
@@ -244,7 +249,7 @@ def run_spread(url: str, model: str, table, prompts: list, clients: int, timeout
     claimed = context.Value("q", 0) if closed else None
     cap = SharedCap(max_concurrency, context) if max_concurrency and not closed else None
     shares = [(url, model, table, prompts, share(clients, p), timeout, t0, range(p, len(table), processes),
-               max_concurrency, progress and p == 0) for p in range(min(processes, len(table)))]
+               max_concurrency, progress and p == 0, extra_body) for p in range(min(processes, len(table)))]
     with context.Pool(len(shares), initializer=_share, initargs=(claimed, cap)) as pool:
         parts = pool.starmap(_run_share, shares)
     return sorted((r for part in parts for r in part), key=lambda r: r.id)

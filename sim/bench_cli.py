@@ -100,6 +100,8 @@ def workload_shape(arrivals, request_rate: float, burstiness, cv, max_concurrenc
               help="Percentiles of --save-result's latencies, comma-separated.")
 @click.option("--percentile-metrics", default="ttft,tpot,itl", show_default=True,
               help="Latencies --save-result reports: ttft, tpot, itl, e2el.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="Every request's sampling temperature (0: greedy); default: the server's (1.0 on splitfuse's).")
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per request.")
 @click.option("--client-processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Client processes to spread the requests over (one process can lag a fast server).")
@@ -113,7 +115,7 @@ def workload_shape(arrivals, request_rate: float, burstiness, cv, max_concurrenc
 def bench(base_url, model, request_rate, burstiness, max_concurrency, num_prompts, dataset_name, random_input_len,
           random_output_len, random_range_ratio, arrivals, cv, prompt_len, output_len, max_prompt_len, vocab_size,
           seed, sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, metric_percentiles, percentile_metrics,
-          timeout, client_processes, disable_tqdm, save_result, result_dir, result_filename, out):
+          temperature, timeout, client_processes, disable_tqdm, save_result, result_dir, result_filename, out):
     """Benchmark any OpenAI-compatible server; prints the simulator's summary table."""
     import httpx
 
@@ -149,14 +151,15 @@ def bench(base_url, model, request_rate, burstiness, max_concurrency, num_prompt
     before = scrape(url)
     t0 = time.perf_counter() + 0.2
     records = run_spread(url, model, table, prompts, shape.get("clients", 0), timeout, client_processes, t0,
-                         workload.max_concurrency, progress=not disable_tqdm)
+                         workload.max_concurrency, progress=not disable_tqdm,
+                         extra_body=None if temperature is None else {"temperature": temperature})
     duration = time.perf_counter() - t0
     result = to_result(records, seed, server_delta(before, scrape(url)))
     _report(result, records, sla, out, {
         "base_url": url, "model": model, "request_rate": request_rate if math.isfinite(request_rate) else "inf",
         "burstiness": burstiness,
         "max_concurrency": max_concurrency, "arrivals": shape["arrivals"], "num_prompts": num_prompts,
-        "prompt_len": prompt_spec, "output_len": output_spec, "seed": seed})
+        "prompt_len": prompt_spec, "output_len": output_spec, "seed": seed, "temperature": temperature})
     if save_result:
         from sim.bench_result import result_filename as default_name
         from sim.bench_result import result_header, vllm_result

@@ -79,7 +79,8 @@ class Cell:
     is a share of the measured saturation rate (open loop, Poisson), or ``clients`` closed-loop clients.
     ``replicas`` engines (one GPU each) behind the router's ``balancer`` serve it; one is served directly.
     ``repeat`` numbers the runs of one cell's requests (``--repeats``); each sends prompts of tokens of its own.
-    ``max_concurrency``: an open-loop cell's cap on requests in flight (``Workload.max_concurrency``; 0: none)."""
+    ``max_concurrency``: an open-loop cell's cap on requests in flight (``Workload.max_concurrency``; 0: none).
+    ``temperature``: every request's sampling temperature (1.0, the server's default; 0 is greedy)."""
 
     scheduler: str
     token_budget: int
@@ -94,6 +95,7 @@ class Cell:
     balancer: str = PolicyConfig().balancer
     repeat: int = 0
     max_concurrency: int = 0
+    temperature: float = 1.0
 
     @property
     def arrivals(self) -> str:
@@ -109,7 +111,8 @@ class Cell:
         return {"scheduler": self.scheduler, "token_budget": self.token_budget, "mix": self.mix,
                 "arrivals": self.arrivals, "load": self.load, "clients": self.clients,
                 "num_requests": self.num_requests, "seed": self.seed, "replicas": self.replicas,
-                "balancer": self.balancer, "repeat": self.repeat, "max_concurrency": self.max_concurrency}
+                "balancer": self.balancer, "repeat": self.repeat, "max_concurrency": self.max_concurrency,
+                "temperature": self.temperature}
 
     @property
     def policy(self) -> PolicyConfig:
@@ -312,7 +315,7 @@ def send_cell(server: Server | Fleet, cell: Cell, rate: float | None, processes:
     prompts = cell_prompts(cell, table.prompt_tokens, server.info["vocab_size"])
     t0 = time.perf_counter() + 0.2  # the workload's time 0: every client process is up by then
     records = run_spread(server.url, server.info["model_id"], table, prompts, cell.clients, timeout, processes, t0,
-                         workload.max_concurrency)
+                         workload.max_concurrency, extra_body={"temperature": cell.temperature})
     failed = [r for r in records if r.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(records)} requests failed in {cell}: {failed[0].error}")
@@ -985,10 +988,11 @@ def parse_mix(spec: str) -> tuple[str, str, str]:
 
 
 def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, replicas: int = 1,
-               balancers: tuple[str, ...] = (), repeats: int = 1, caps=(0,)) -> list[Cell]:
-    """Every scheduler x mix x (load x cap on requests in flight, 0: none; or client count); a fleet's cells once
-    per balancer; the whole grid ``repeats`` times over, a round after another (a drift of the card over the run
-    then spreads over every cell rather than landing on one cell's repeats)."""
+               balancers: tuple[str, ...] = (), repeats: int = 1, caps=(0,), temperature: float = 1.0) -> list[Cell]:
+    """Every scheduler x mix x (load x cap on requests in flight, 0: none; or client count) at one sampling
+    ``temperature``; a fleet's cells once per balancer; the whole grid ``repeats`` times over, a round after
+    another (a drift of the card over the run then spreads over every cell rather than landing on one cell's
+    repeats)."""
     from engine.policy import make_balancer
 
     if not loads and not clients:
@@ -1004,10 +1008,12 @@ def make_cells(schedulers, mixes, loads, clients, num_requests: int, seed: int, 
     fleet = [{"replicas": replicas, "balancer": b} for b in balancers]
     if any(not isinstance(c, int) or c < 0 for c in caps):
         raise ValueError(f"--max-concurrency {caps}: every cap must be a whole number >= 0 (0: no cap)")
-    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed, max_concurrency=c, **f) for s, b in schedulers
-             for f in fleet for m in mixes for x in loads for c in caps]
-    cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed, **f) for s, b in schedulers for f in fleet
-              for m in mixes for c in clients]
+    if not temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0, got {temperature!r}")
+    cells = [Cell(s, b, *m, num_requests, load=x, seed=seed, max_concurrency=c, temperature=temperature, **f)
+             for s, b in schedulers for f in fleet for m in mixes for x in loads for c in caps]
+    cells += [Cell(s, b, *m, num_requests, clients=c, seed=seed, temperature=temperature, **f) for s, b in schedulers
+              for f in fleet for m in mixes for c in clients]
     return [dataclasses.replace(cell, repeat=r) for r in range(repeats) for cell in cells]
 
 
@@ -1160,6 +1166,9 @@ def _command():
     @click.option("--max-concurrency", "caps", default="0", show_default=True,
                   help="Run each open-loop cell at each of these caps on requests in flight (vLLM's bench "
                        "--max-concurrency; 0: none): 0,16")
+    @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
+                  help="Every request's sampling temperature (0: greedy, whose decode steps the engine enqueues "
+                       "ahead; the simulator prices every step as sampled).")
     @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Engines, one GPU each, behind `splitfuse serve`'s router (and as many simulated).")
     @click.option("--balancer", "balancers", multiple=True,
@@ -1234,7 +1243,8 @@ def _command():
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
-    def validate(model, profile, schedulers, mixes, loads, clients, caps, replicas, balancers, saturation_from,
+    def validate(model, profile, schedulers, mixes, loads, clients, caps, temperature, replicas, balancers,
+                 saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
                  measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, level_per_sample,
                  record_hosts,
@@ -1255,7 +1265,7 @@ def _command():
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
                 cells = make_cells(_schedulers(schedulers), mixes, _numbers(loads, "--loads"),
                                    _numbers(clients, "--clients", int), num_requests, workload_seed, replicas,
-                                   balancers, repeats, _caps(caps))
+                                   balancers, repeats, _caps(caps), temperature)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),

@@ -175,3 +175,35 @@ def test_max_concurrency_is_one_cap_over_every_client_process():
     events = sorted([(r.arrival, 1) for r in records] + [(r.chunk_times[-1], -1) for r in records])
     assert max(np.cumsum([step for _, step in events])) == 2
     assert max(r.chunk_times[-1] for r in records) < 1.2  # about 0.82 s with one cap
+
+
+def test_extra_body_reaches_every_request_from_every_client_process():
+    # --temperature travels as a field of each request's body, from each client process
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from sim.bench import run_spread
+    from sim.workload import RequestTable
+
+    bodies = []
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": []}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        bodies.append(await request.json())
+        events = ['data: {"id": "c", "choices": [{"text": "x"}]}\n\n', "data: [DONE]\n\n"]
+        return StreamingResponse(iter(events), media_type="text/event-stream")
+
+    rows = 4
+    table = RequestTable(np.arange(rows) * 1e-3, np.full(rows, 4), np.ones(rows, dtype=np.int64))
+    with serve_in_thread(app) as url:
+        records = run_spread(url, "m", table, [[i] for i in range(rows)], clients=0, timeout=10, processes=2,
+                             extra_body={"temperature": 0.0})
+        default = run_spread(url, "m", table, [[i] for i in range(rows)], clients=0, timeout=10)
+    assert all(r.error is None for r in records + default)
+    assert sorted(b["prompt"][0] for b in bodies[:rows]) == list(range(rows))
+    assert [b.get("temperature") for b in bodies] == [0.0] * rows + [None] * rows  # else the server's default

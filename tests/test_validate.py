@@ -248,6 +248,20 @@ def test_open_loop_cells_run_at_each_cap_on_requests_in_flight():
         make_cells([("splitfuse", 768)], ["long"], [0.5], [], 10, 0, caps=[-1])
 
 
+def test_cells_carry_the_requests_temperature():
+    from calibration.validation_results import cell_name
+
+    greedy = make_cells([("splitfuse", 768)], ["long"], [0.5], [4], 10, 0, temperature=0.0)
+    assert [c.temperature for c in greedy] == [0.0, 0.0] and greedy[0].keys()["temperature"] == 0.0
+    assert cell_name(greedy[0].keys()) == "splitfuse / long / load 0.5 / temperature 0"
+    sampled = make_cells([("splitfuse", 768)], ["long"], [0.5], [], 10, 0)[0]
+    assert sampled.temperature == 1.0 and cell_name(sampled.keys()) == "splitfuse / long / load 0.5"
+    # the overload and warm-up runs are the cell's, changed: they keep its temperature
+    assert dataclasses.replace(greedy[0], load=None, num_requests=64).temperature == 0.0
+    with pytest.raises(ValueError, match="--temperature"):
+        make_cells([("splitfuse", 768)], ["long"], [0.5], [], 10, 0, temperature=float("nan"))
+
+
 def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_path):
     """``--from DIR`` re-simulates the stored measurements: on the profile the measuring run compared with it
     reproduces that run's simulated rows exactly (simulations are deterministic for a seed); on the swept profile
