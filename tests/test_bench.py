@@ -115,9 +115,9 @@ def test_each_client_warms_up_before_its_first_request():
     assert [r.output_tokens for r in records] == [1, 1] and all(r.error is None for r in records)
 
 
-def slow_even_rows_app():
+def slow_even_rows_app(bodies: list | None = None):
     """A server whose completions of even rows (a prompt's first token id is its row) take 0.4 s, of odd ones 0.01 s:
-    client process 0 of 2 gets the slow rows (rows p, p + 2, ...)."""
+    client process 0 of 2 gets the slow rows (rows p, p + 2, ...). ``bodies``: where to keep each request's body."""
     import asyncio
 
     from fastapi import FastAPI
@@ -131,7 +131,10 @@ def slow_even_rows_app():
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        row = (await request.json())["prompt"][0]
+        body = await request.json()
+        if bodies is not None:
+            bodies.append(body)
+        row = body["prompt"][0]
         await asyncio.sleep(0.4 if row % 2 == 0 else 0.01)
         events = [f'data: {{"id": "c{row}", "choices": [{{"text": "x"}}]}}\n\n', "data: [DONE]\n\n"]
         return StreamingResponse(iter(events), media_type="text/event-stream")
@@ -179,28 +182,13 @@ def test_max_concurrency_is_one_cap_over_every_client_process():
 
 def test_extra_body_reaches_every_request_from_every_client_process():
     # --temperature travels as a field of each request's body, from each client process
-    from fastapi import FastAPI
-    from fastapi.responses import StreamingResponse
-
     from sim.bench import run_spread
     from sim.workload import RequestTable
 
     bodies = []
-    app = FastAPI()
-
-    @app.get("/v1/models")
-    def models():
-        return {"object": "list", "data": []}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        bodies.append(await request.json())
-        events = ['data: {"id": "c", "choices": [{"text": "x"}]}\n\n', "data: [DONE]\n\n"]
-        return StreamingResponse(iter(events), media_type="text/event-stream")
-
     rows = 4
     table = RequestTable(np.arange(rows) * 1e-3, np.full(rows, 4), np.ones(rows, dtype=np.int64))
-    with serve_in_thread(app) as url:
+    with serve_in_thread(slow_even_rows_app(bodies)) as url:
         records = run_spread(url, "m", table, [[i] for i in range(rows)], clients=0, timeout=10, processes=2,
                              extra_body={"temperature": 0.0})
         default = run_spread(url, "m", table, [[i] for i in range(rows)], clients=0, timeout=10)
