@@ -6,7 +6,8 @@
 #   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"; LOADS "-" runs no open-loop
 #   cell (closed loop only: EXTRA="--clients 1,2,4,8,16,32")
 # env: MIXES (default "long short"), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
-#   EXTRA (more validate options, e.g. "--repeats 2"), NEED (a card name the GPUs must match, e.g. H200),
+#   EXTRA (more validate options, e.g. "--repeats 2"; E0..E3: grid N's own instead), NEED (a card name the
+#   GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
 #   EXTRA="--replicas 2 ..." runs a 2-replica fleet). Wheels in .whl/ (packages the machine lacks) are installed first.
 set -uo pipefail
@@ -48,11 +49,13 @@ for gpu in 0 1 2 3; do
     [ "$loads" = "-" ] && load_options=()
     visible_name=V$gpu
     visible=${!visible_name:-$gpu}
+    extra_name=E$gpu
+    extra=${!extra_name:-${EXTRA:-}}
     # shellcheck disable=SC2086  # EXTRA holds several options
     CUDA_VISIBLE_DEVICES=$visible timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
         "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" "${load_options[@]}" -n "$requests" \
         --cell-seconds "$cell_s" --workload-seed "$seed" --time-budget "${TB:-450}" --out "$work/runs/g$gpu" \
-        ${EXTRA:-} >"$work/meta/g$gpu.log" 2>&1 &
+        $extra >"$work/meta/g$gpu.log" 2>&1 &
     pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; echo "grid $pid exited $?"; done
