@@ -23,6 +23,7 @@ from engine.memory import num_kv_blocks_for
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.policy import (
     BatchPlan,
+    DecodeAhead,
     PassFeatures,
     Request,
     SamplingParams,
@@ -151,7 +152,7 @@ class LLMEngine:
         self._requests: dict[str, _Entry] = {}
         self._next_id = itertools.count()
         self.pipeline_decodes = config.pipeline_decodes
-        self._ahead: tuple[BatchPlan, list[int], LaunchedPass] | None = None  # the pass enqueued ahead
+        self._ahead: tuple[DecodeAhead, LaunchedPass] | None = None  # the pass enqueued ahead
         self.pipeline_stats = {"enqueued": 0, "used": 0, "discarded": 0}
         self._pass_observers: list[tuple[Callable[[PassRecord], None], bool]] = []
         self._timed = False  # an observer asked for device time
@@ -324,33 +325,23 @@ class LLMEngine:
         ahead = self.scheduler.next_decode_plan(plan)
         if ahead is None:
             return
-        bs = self.block_size
-        blocks = [r.block_table[p // bs] for r, p in zip(ahead.requests, ahead.start_positions)]
-        self._ahead = (ahead, blocks, self.runner.launch(ahead, ids_from=launched.greedy, timed=self._timed))
+        self._ahead = (DecodeAhead.of(ahead, self.block_size),
+                       self.runner.launch(ahead, ids_from=launched.greedy, timed=self._timed))
         self.pipeline_stats["enqueued"] += 1
 
     def _take_ahead(self, plan: BatchPlan | None) -> LaunchedPass | None:
-        """The pass enqueued ahead, if ``plan`` is it or a subset of it (same requests at the same positions in
-        the same KV blocks); else None, and that pass is discarded (it wrote only slots its requests own)."""
+        """The pass enqueued ahead, if ``plan`` is it or a subset of it (``DecodeAhead.rows_for``); else None, and
+        that pass is discarded (it wrote only slots its requests own)."""
         if self._ahead is None:
             return None
-        ahead, blocks, launched = self._ahead
+        ahead, launched = self._ahead
         self._ahead = None
-        rows = []
-        if plan is not None and plan.num_tokens == plan.num_seqs and not plan.preempted:
-            row_of = {id(r): i for i, r in enumerate(ahead.requests)}
-            bs = self.block_size
-            for r, p in zip(plan.requests, plan.start_positions):
-                i = row_of.get(id(r))
-                if i is None or ahead.start_positions[i] != p or r.block_table[p // bs] != blocks[i]:
-                    rows = None
-                    break
-                rows.append(i)
-        if not rows:
+        rows = ahead.rows_for(plan, self.block_size)
+        if rows is None:
             self.pipeline_stats["discarded"] += 1
             return None
         self.pipeline_stats["used"] += 1
-        if len(rows) == ahead.num_seqs:
+        if len(rows) == ahead.plan.num_seqs:
             return launched
 
         def subset() -> list[int]:

@@ -49,20 +49,12 @@ class Sampler:
         return greedy_tokens.tolist()
 
     def takes_greedy(self, requests: list[Request]) -> bool:
-        """Whether the tokens of ``requests`` are each row's plain argmax (all greedy, none holding tokens back)."""
-        return all(r.sampling_params.greedy and not self._banned(r) for r in requests)
-
-    @staticmethod
-    def _banned(r: Request) -> list[int]:
-        """Until ``min_tokens`` are out, the stop tokens and EOS cannot be sampled (vLLM's behaviour)."""
-        p = r.sampling_params
-        if r.num_output_tokens >= p.min_tokens:
-            return []
-        return list(p.stop_token_ids) + ([r.eos_token_id] if r.eos_token_id is not None else [])
+        """Whether the tokens of ``requests`` are each row's plain argmax (``Request.takes_argmax``)."""
+        return all(r.takes_argmax for r in requests)
 
     def _hold_back_stop_tokens(self, logits: torch.Tensor, requests: list[Request]) -> None:
         for i, r in enumerate(requests):
-            banned = self._banned(r)
+            banned = r.banned_token_ids()
             if banned:
                 logits[i, banned] = float("-inf")
 

@@ -96,7 +96,7 @@ def test_a_request_that_stops_leaves_the_pass_ahead_in_use():
         ahead = engine._ahead
         launched = take(plan)
         if launched is not None:
-            used.append((plan.num_seqs, ahead[0].num_seqs))
+            used.append((plan.num_seqs, ahead[0].plan.num_seqs))
         return launched
 
     engine._take_ahead = spy

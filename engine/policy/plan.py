@@ -97,3 +97,32 @@ def plan_features(plan) -> PassFeatures:
 
 
 _new_tuple = tuple.__new__
+
+
+@dataclass(slots=True)
+class DecodeAhead:
+    """A decode pass enqueued before the tokens of the one it follows are known (``Scheduler.next_decode_plan``,
+    input ids read on the device from that pass's argmax), with the KV block each of its entries writes: the
+    engine's ``pipeline_decodes``, which the simulator prices as it runs."""
+
+    plan: BatchPlan
+    blocks: list[int]
+
+    @classmethod
+    def of(cls, plan: BatchPlan, block_size: int) -> DecodeAhead:
+        return cls(plan, [r.block_table[p // block_size] for r, p in zip(plan.requests, plan.start_positions)])
+
+    def rows_for(self, plan: BatchPlan | None, block_size: int) -> list[int] | None:
+        """This pass's entries that run ``plan``, in ``plan``'s order, when ``plan`` is it or a subset of it (the
+        same requests at the same positions in the same KV blocks: requests that finished or were aborted drop
+        out); else None, and this pass is wasted."""
+        if plan is None or plan.num_tokens != plan.num_seqs or plan.preempted or not plan.requests:
+            return None
+        row_of = {id(r): i for i, r in enumerate(self.plan.requests)}
+        rows = []
+        for r, p in zip(plan.requests, plan.start_positions):
+            i = row_of.get(id(r))
+            if i is None or self.plan.start_positions[i] != p or r.block_table[p // block_size] != self.blocks[i]:
+                return None
+            rows.append(i)
+        return rows

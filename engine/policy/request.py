@@ -95,6 +95,19 @@ class Request:
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
 
+    def banned_token_ids(self) -> list[int]:
+        """Tokens it may not sample yet: until ``min_tokens`` are out, its stop tokens and EOS (vLLM's behaviour)."""
+        p = self.sampling_params
+        if self.num_output_tokens >= p.min_tokens:
+            return []
+        return list(p.stop_token_ids) + ([self.eos_token_id] if self.eos_token_id is not None else [])
+
+    @property
+    def takes_argmax(self) -> bool:
+        """Whether its next token is its row's plain argmax (greedy, holding no token back): what a pass's graph
+        computes on the device, and the engine then needs no sampling (and may enqueue the next decode ahead)."""
+        return self.sampling_params.greedy and not self.banned_token_ids()
+
     def token_ids(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end) without copying the whole sequence."""
         p = self.num_prompt_tokens
