@@ -74,6 +74,8 @@ PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
+# a greedy decode-graph step as it runs: on its own, or enqueued ahead; and a discarded one, which runs before the next
+GREEDY_STEPS = ("step", "ahead", "discarded")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
 NOISE_QUANTILES = 1024  # points kept of the served passes' spread: its upper tail moves the mean and the p99s
@@ -148,7 +150,7 @@ class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
     __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
-                 "noise_q", "_delivery_base")
+                 "noise_q", "greedy_scale", "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -157,7 +159,8 @@ class ServingModel:
                  heat_scale: Mapping[str, float] | None = None, heat_tau_s: float = HEAT_TAU_S,
                  loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
                  attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
-                 noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0) -> None:
+                 noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0,
+                 greedy_scale: Mapping[str, float] | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -194,6 +197,12 @@ class ServingModel:
         if unknown:
             raise ValueError(f"serving attention_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
         self.attention_scale = {p: _check(f"attention_scale[{p}]", attention.get(p, 0.0)) for p in PATHS}
+        greedy = dict(greedy_scale or {})
+        if greedy and sorted(greedy) != sorted(GREEDY_STEPS):
+            raise ValueError(f"serving greedy_scale needs exactly the keys {', '.join(GREEDY_STEPS)}, got "
+                             f"{', '.join(sorted(greedy))}")
+        self.greedy_scale = {k: _check(f"greedy_scale[{k}]", v, 0.0 if k == "discarded" else 1e-3)
+                             for k, v in greedy.items()} or None
         self.fit = dict(fit or {})
 
     @property
@@ -211,6 +220,13 @@ class ServingModel:
         it is fitted; the eager paths' levels carry theirs."""
         per_sample = self.step_per_sample_s * num_samples if path in GRAPH_PATHS else 0.0
         return self.scale(path, heat) * step + per_sample
+
+    def greedy_decode_scale(self, kind: str) -> float | None:
+        """A served decode-graph step whose entries all take their argmax, over its price (a sampled step's), as it
+        runs (``kind``, one of ``GREEDY_STEPS``): on its own ("step"), enqueued ahead of the one before ("ahead":
+        its host work hidden behind that one's GPU work), or enqueued ahead and discarded ("discarded": what it adds
+        to the pass after it). None where the section measured no greedy serving."""
+        return None if self.greedy_scale is None else self.greedy_scale[kind]
 
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
@@ -241,7 +257,8 @@ class ServingModel:
         return {**{name: getattr(self, name) for name in numbers}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
-                **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {})}
+                **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {}),
+                **({"greedy_scale": self.greedy_scale} if self.greedy_scale else {})}
 
     def with_noise(self, noise_q: Sequence[float], fit: Mapping | None = None) -> ServingModel:
         """This section with ``noise_q`` as its served passes' spread (``served_noise``) and ``fit`` (how it was
@@ -272,18 +289,50 @@ class ServingModel:
                                        "heat_scale": {**d["heat_scale"], **heat},
                                        "fit": {**d["fit"], "growth": dict(fit or {})}})
 
+    def with_greedy_scale(self, scale: Mapping[str, float], fit: Mapping | None = None) -> ServingModel:
+        """This section with ``scale`` as its greedy decode steps' (``fit_greedy_scale``) and ``fit`` under the
+        fit's "greedy"."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "greedy_scale": dict(scale),
+                                       "fit": {**d["fit"], "greedy": dict(fit or {})}})
+
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
-        prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry."""
+        prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry,
+        before 17 no greedy decode steps (priced as sampled ones)."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
-                                             "attention_scale", "fit", "noise_q")]
+                                             "attention_scale", "fit", "noise_q", "greedy_scale")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
+
+
+def fit_greedy_scale(rows, min_count: int = 10) -> tuple[dict[str, float], dict]:
+    """``greedy_scale`` (``ServingModel``) from served greedy decode-graph steps: rows with ``host``, ``kind`` (one of
+    ``GREEDY_STEPS``) and ``ratio`` (a step's served time, loop included, over the section's price of it; for
+    "discarded", what the pass after a discarded step took beyond its price, over the price of that step). Each
+    kind's median per host with ``min_count`` rows of it, then the median over those hosts; and how it was
+    measured. ValueError naming the kind no host served that often."""
+    import pandas as pd
+
+    rows = pd.DataFrame(rows, columns=["host", "kind", "ratio"])
+    rows = rows[np.isfinite(rows["ratio"].astype(float))]
+    scale, fit = {}, {"min_count": min_count}
+    for kind in GREEDY_STEPS:
+        counts = rows[rows["kind"] == kind].groupby("host")["ratio"].agg(["median", "size"])
+        counts = counts[counts["size"] >= min_count]
+        if counts.empty:
+            raise ValueError(f"no host served {min_count} greedy decode-graph steps of the kind {kind!r} (send "
+                             f"requests at temperature 0: --temperature 0)")
+        scale[kind] = max(float(np.median(counts["median"])), 1e-3) if kind != "discarded" else \
+            max(float(np.median(counts["median"])), 0.0)
+        fit[kind] = {"hosts": {h: round(float(m), 5) for h, m in counts["median"].items()},
+                     "steps": int(counts["size"].sum())}
+    return scale, fit
 
 
 def served_noise(ratios: Mapping[str, Sequence[np.ndarray]]) -> tuple[list[float], dict]:

@@ -41,6 +41,9 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
 @click.option("--max-concurrency", type=int, default=Workload.max_concurrency,
               help="Open loop: at most this many requests in flight; one due at the cap waits, and its latencies "
                    "start when it is sent (as vLLM's bench --max-concurrency).")
+@click.option("--temperature", type=float, default=Workload.temperature, show_default=True,
+              help="Every request's sampling temperature (0: greedy, whose decode steps the engine enqueues ahead, "
+                   "priced so where the profile measured greedy serving).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="CSV/JSONL trace to replay (its arrival times and lengths; Vidur's and vLLM's column names too).")
 @click.option("--num-requests", "-n", default=Workload.num_requests, show_default=True, type=int)
@@ -97,7 +100,8 @@ def simulate(ctx: click.Context, **options):
         raise click.UsageError(str(e)) from None
 
 
-def _run(profile, replicas, arrivals, rate, load, cv, clients, max_concurrency, trace, num_requests, prompt_len,
+def _run(profile, replicas, arrivals, rate, load, cv, clients, max_concurrency, temperature, trace, num_requests,
+         prompt_len,
          output_len, max_prompt_len, noise, serve_router, seed, replications, warmup, cooldown, sla_gen_rate,
          sla_prompt_rate, cumulative_sla, goodput, rates, sweep, sla_target, max_requests_per_replica,
          max_queue_growth, backend, processes, ray_address, out, report, token_times, progress, **policy_options):
@@ -126,7 +130,7 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, max_concurrency, 
     sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
               goodput=goodput)
     workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, load=load, cv=cv, clients=clients,
-                        max_concurrency=max_concurrency,
+                        max_concurrency=max_concurrency, temperature=temperature,
                         prompt=prompt_len, output=output_len, trace=trace, max_prompt_tokens=max_prompt_len)
     capacity = estimate_capacity(config, workload)
     workload = with_rate(workload, config)

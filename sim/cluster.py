@@ -218,6 +218,7 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
         seed if workload_seed is None else workload_seed)
     clients = workload.clients if isinstance(workload, Workload) and workload.arrivals == "closed" else 0
     max_concurrency = workload.max_concurrency if isinstance(workload, Workload) else None
+    temperature = workload.temperature if isinstance(workload, Workload) else 1.0
     n = len(table)
     if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
         raise ValueError(f"--warmup ({warmup}) and --cooldown ({cooldown}) must be shares in [0, 1) summing below 1")
@@ -237,10 +238,10 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
     if (workers > 1 and not clients and not max_concurrency and on_pass is None and routes is None
             and config.policy.balancer in STATE_FREE_BALANCERS and not (router is not None and router.per_stream)
             and _can_fork()):
-        log, stats = _simulate_parallel(table, costs, config, seed, log_args, workers, progress)
+        log, stats = _simulate_parallel(table, costs, config, seed, log_args, workers, progress, temperature)
     else:
         log, stats = _run(table, costs, config, seed, log_args, clients, progress, choices=routes, on_pass=on_pass,
-                          max_concurrency=max_concurrency)
+                          max_concurrency=max_concurrency, temperature=temperature)
     meta = {"workload": workload if isinstance(workload, Workload) else None, "warmup": warmup, "cooldown": cooldown}
     return _result(log, stats, config, seed, meta)
 
@@ -248,10 +249,11 @@ def simulate(workload: Workload | RequestTable, config: ClusterConfig, seed: int
 def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log_args: tuple,
          clients: int = 0, progress: bool = False, choices: list[int] | None = None,
          own: set[int] | None = None, on_pass=None,
-         max_concurrency: int | None = None) -> tuple[RequestLog, list[dict]]:
+         max_concurrency: int | None = None, temperature: float = 1.0) -> tuple[RequestLog, list[dict]]:
     """Simulate in this process. ``choices`` (the replica of each request, decided beforehand) and ``own`` (the
     replicas simulated here; requests for others are skipped) are for a worker of ``_simulate_parallel``.
-    ``max_concurrency``: the open loop's cap on requests in flight (``Workload.max_concurrency``)."""
+    ``max_concurrency``: the open loop's cap on requests in flight (``Workload.max_concurrency``); ``temperature``:
+    the requests' sampling temperature (``Workload.temperature``)."""
     n = len(table)
     env = simpy.Environment()
     log = RequestLog(*log_args)
@@ -300,7 +302,7 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
             return
         n = outputs[i]
         if n not in params:
-            params[n] = SamplingParams(max_tokens=n, ignore_eos=True)
+            params[n] = SamplingParams(max_tokens=n, ignore_eos=True, temperature=temperature)
         request = Request(i, None, params[n], sent,
                           num_prompt_tokens=prompts[i], max_model_len=replica.cost.max_model_len,
                           prefix_id=prefix_ids[i] if prefix_ids else None,
@@ -409,7 +411,8 @@ def _run(table: RequestTable, costs: list, config: ClusterConfig, seed: int, log
 
 
 def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, seed: int,
-                       log_args: tuple, workers: int, progress: bool) -> tuple[RequestLog, list[dict]]:
+                       log_args: tuple, workers: int, progress: bool,
+                       temperature: float = 1.0) -> tuple[RequestLog, list[dict]]:
     """Decide every request's replica up front (the balancer ignores replica state), simulate the replicas in
     ``workers`` processes (replica i in worker i % workers), and merge their logs."""
     import multiprocessing
@@ -419,7 +422,7 @@ def _simulate_parallel(table: RequestTable, costs: list, config: ClusterConfig, 
     choices = [0] * len(table)
     for i, _, _ in arrival_order(table, admission_delays(table, costs, seed, config.routed())):  # as _run does
         choices[i] = choose(everyone)
-    jobs = [(table, costs, config, seed, log_args, choices, set(range(w, len(costs), workers)))
+    jobs = [(table, costs, config, seed, log_args, choices, set(range(w, len(costs), workers)), temperature)
             for w in range(workers)]
     global _FORKED_JOBS
     _FORKED_JOBS = jobs  # handed to forked workers by inheritance, not pickled
@@ -450,8 +453,8 @@ def _can_fork() -> bool:
 
 
 def _worker(w: int) -> tuple[RequestLog, list[dict]]:
-    table, costs, config, seed, log_args, choices, own = _FORKED_JOBS[w]
-    return _run(table, costs, config, seed, log_args, choices=choices, own=own)
+    table, costs, config, seed, log_args, choices, own, temperature = _FORKED_JOBS[w]
+    return _run(table, costs, config, seed, log_args, choices=choices, own=own, temperature=temperature)
 
 
 def _progress_bar(total: int):
@@ -477,7 +480,8 @@ def _result(log: RequestLog, replicas: list[dict], config: ClusterConfig, seed: 
                      energy.run_joules(span, passes, tokens, r["decode_context"], r["prefill_attention"]),
                      "mean_kv_usage": float(np.mean(kv_usage)) if kv_usage else 0.0,
                      "peak_kv_usage": float(np.max(kv_usage)) if kv_usage else 0.0,
-                     "kv_blocks": r["kv_blocks"]})
+                     "kv_blocks": r["kv_blocks"],
+                     **{f"ahead_{k}": v for k, v in r["pipeline"].items()}})
     kv_parts = [(r["index"], r["kv_times"], r["kv_usage"]) for r in replicas]
     width = max(len(r["tokens_per_pass"]) for r in replicas)
     tokens = np.zeros((len(replicas), width), dtype=np.int64)

@@ -2,7 +2,11 @@
 
 Per pass: ``plan = scheduler.schedule(now)``; wait the cost model's latency of that plan (times a noise factor
 drawn from the profile's measured spread); ``scheduler.update(plan, None, now)``. An idle replica waits for
-an arrival event. The replica sums its passes' decode context and prompt attention (with its token histogram and
+an arrival event. Where the cost model prices greedy decode steps (``greedy_decode_scale``), the replica runs the
+engine's ``pipeline_decodes`` too: after a decode-graph pass whose entries all take their argmax it enqueues the
+next decode pass ahead (``Scheduler.next_decode_plan``); a plan that is that pass or a subset of it
+(``DecodeAhead.rows_for``) takes that pass's time, and any other plan runs after it (the engine discards it once
+the GPU ran it). The replica sums its passes' decode context and prompt attention (with its token histogram and
 pass count, what a profile's linear energy model needs: ``sim.cluster`` turns them into joules).
 """
 
@@ -15,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from engine.policy import PassFeatures, PolicyConfig, Request, make_scheduler, plan_features
+from engine.policy import DecodeAhead, PassFeatures, PolicyConfig, Request, make_scheduler, plan_features
 from sim.costs import CostModel
 
 KV_SERIES_POINTS = 4096  # the KV-use series is thinned by 2 whenever it reaches twice this size
@@ -55,6 +59,7 @@ class Replica:
         self.reported_outstanding_tokens = 0  # outstanding_tokens then
         self.reported_unstarted_tokens = 0  # unstarted_tokens then
         self.kv_capacity_tokens = self.scheduler.stats().kv_capacity_tokens
+        self.pipeline_stats = {"enqueued": 0, "used": 0, "discarded": 0}  # decode passes ahead, as the engine's
         self.process = env.process(self.run())
 
     @property
@@ -85,6 +90,10 @@ class Replica:
         env, sched, predict, delivery = self.env, self.scheduler, self.cost.predict, self.cost.delivery_seconds
         hist, on_finish = self.tokens_per_pass, self.on_finish
         heat = self.cost.new_heat() if hasattr(self.cost, "new_heat") else None  # optional in CostModel
+        greedy_scale = getattr(self.cost, "greedy_decode_scale", None)  # optional in CostModel
+        block_size = self.cost.block_size
+        ahead: DecodeAhead | None = None  # the decode pass enqueued ahead; its seconds, used or discarded
+        ahead_seconds = ahead_discarded = 0.0
         factors: list[float] = []
         now = env.now
         while True:
@@ -105,6 +114,28 @@ class Replica:
             seconds = predict(features) if heat is None else predict(features, heat.at(now))
             if seconds < 0:
                 raise ValueError(negative_pass_message(self.index, seconds, features))
+            argmax = greedy_scale is not None and all(r.takes_argmax for r in plan.requests)
+            if argmax and (scale := greedy_scale(features, "step")) is not None:
+                seconds *= scale
+            rows, full_ahead = None, False
+            if ahead is not None:
+                rows = ahead.rows_for(plan, block_size)
+                if rows is not None:  # it ran ahead: its GPU work, behind the pass before
+                    seconds, full_ahead = ahead_seconds, len(rows) == ahead.plan.num_seqs
+                    self.pipeline_stats["used"] += 1
+                else:  # the GPU runs it, discarded, before this pass
+                    seconds += ahead_discarded
+                    self.pipeline_stats["discarded"] += 1
+                ahead = None
+            if argmax and (full_ahead or rows is None) and greedy_scale(features, "ahead") is not None:
+                ahead_plan = sched.next_decode_plan(plan)  # before the update, as the engine asks
+                if ahead_plan is not None:
+                    self.pipeline_stats["enqueued"] += 1
+                    ahead = DecodeAhead.of(ahead_plan, block_size)
+                    ahead_features = plan_features(ahead_plan)
+                    price = predict(ahead_features) if heat is None else predict(ahead_features, heat.at(now))
+                    ahead_seconds = greedy_scale(ahead_features, "ahead") * price
+                    ahead_discarded = greedy_scale(ahead_features, "discarded") * price
             if self.noise:
                 factors = factors or self._noise_factors()
                 seconds *= factors.pop()
@@ -153,7 +184,7 @@ class Replica:
                 "busy_time": self.busy_time, "preemptions": s.num_preemptions,
                 "decode_context": self.decode_context, "prefill_attention": self.prefill_attention,
                 "tokens_per_pass": self.tokens_per_pass, "kv_times": self.kv_times, "kv_usage": self.kv_usage,
-                "kv_blocks": s.num_blocks}
+                "kv_blocks": s.num_blocks, "pipeline": dict(self.pipeline_stats)}
 
 
 def negative_pass_message(replica: int, seconds: float, f: PassFeatures) -> str:

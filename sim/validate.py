@@ -47,7 +47,14 @@ from pathlib import Path
 import numpy as np
 
 from calibration.host_spread import HostSpread, MeasuredHost
-from calibration.serving import HEAT_TAU_S, decode_spread_tokens, prefill_heats, scale_path, served_noise
+from calibration.serving import (
+    GREEDY_STEPS,
+    HEAT_TAU_S,
+    decode_spread_tokens,
+    prefill_heats,
+    scale_path,
+    served_noise,
+)
 from calibration.validation_results import CELL as CELL_KEYS
 from calibration.validation_results import VIEWS, with_bounds
 from engine.policy import PassFeatures, PolicyConfig
@@ -105,7 +112,7 @@ class Cell:
         return Workload(num_requests=self.num_requests, arrivals=self.arrivals, rate=rate, clients=self.clients,
                         max_concurrency=self.max_concurrency or None, prompt=parse_length(self.prompt),
                         output=parse_length(self.output, "--output-len"),
-                        max_prompt_tokens=MAX_PROMPT_TOKENS)
+                        max_prompt_tokens=MAX_PROMPT_TOKENS, temperature=self.temperature)
 
     def keys(self) -> dict:
         return {"scheduler": self.scheduler, "token_budget": self.token_budget, "mix": self.mix,
@@ -135,6 +142,7 @@ class ServedCost:
         self.predict, self.noise_factors = cost.predict, cost.noise_factors
         self.admission_seconds, self.delivery_seconds = cost.admission_seconds, cost.delivery_seconds
         self.attention_seconds = getattr(cost, "attention_seconds", None)
+        self.greedy_decode_scale = getattr(cost, "greedy_decode_scale", None)
 
     def new_heat(self):
         return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None
@@ -826,6 +834,57 @@ def with_served_noise(profile, measured: tuple[Path, ...], hosts: dict[Path, str
     return profile.with_serving(serving).with_hosts(profile.hosts)
 
 
+def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dict]:
+    """What ``calibration.serving.fit_greedy_scale`` fits, from ``directory``'s greedy warm-up and overload runs
+    (sent at temperature 0): each decode-graph step's served time (step and loop) over ``profile``'s price of it,
+    enqueued ahead (``kind`` "ahead") or not ("step"); and each pass that follows a decode pass ahead the engine
+    discarded ("discarded"): its served time beyond its price, over the price of the decode step before it, which
+    the discarded pass repeated. The engine enqueues ahead after a greedy decode-graph step in which no request
+    reaches its last token and none will in the next, when no request waits (``Scheduler.next_decode_plan``); a pass
+    with prompt tokens after it, not run ahead, is taken for one that discarded it: a request arrived meanwhile
+    (one that waited already would have been admitted into the decode step under a decodes-first scheduler, but
+    where the batch or the KV cache was full, which a decode step alone does not show)."""
+    meta, runs, traces = load_measured(directory, "calibration")
+    host = run_host(meta, directory, host)
+    card = profile.new_heat()
+    windows: dict[str, list[tuple[float, float]]] = {}
+    for name, m, _ in runs:
+        if m.cell.temperature == 0 and traces[name] is not None:
+            windows.setdefault(name, []).append(m.window)
+    rows = []
+    for name, spans in windows.items():
+        trace_passes, trace_requests = traces[name]
+        last_tokens = {r["token_times"][-1] for r in trace_requests.values() if r["token_times"]}
+        for engine in trace_passes:
+            heats = prefill_heats(engine, card.tau_s if card is not None else HEAT_TAU_S)
+            price = [profile.predict(PassFeatures.from_mapping(p), heats[i]) for i, p in enumerate(engine)]
+            for i in range(1, len(engine) - 1):
+                before, p, after = engine[i - 1], engine[i], engine[i + 1]
+                if not any(lo <= p["start"] <= hi for lo, hi in spans) or p["num_samples"] == 0 \
+                        or after["start"] - p["sent"] >= 1e-3:  # idle after it, or its work timed in the next
+                    continue
+                served = after["start"] - p["start"]
+                if p["path"] == "decode-graph":
+                    rows.append({"host": host, "kind": "ahead" if p["ahead"] else "step", "ratio": served / price[i]})
+                discarded = (before["path"] == "decode-graph" and before["end"] not in last_tokens
+                             and p["end"] not in last_tokens and not p["ahead"] and p["prefill_tokens"] > 0)
+                if discarded:
+                    rows.append({"host": host, "kind": "discarded", "ratio": (served - price[i]) / price[i - 1]})
+    return rows
+
+
+def with_greedy_scale(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+    """``profile`` with its serving section's greedy decode steps measured on the greedy warm-up and overload runs
+    of ``measured`` (``greedy_ratios``; ``hosts``: their labels), each host weighing as one."""
+    from calibration.serving import fit_greedy_scale
+
+    if profile.serving is None:
+        raise ValueError("the profile has no serving section to price the served steps with (--fit-serving first)")
+    rows = [row for directory in measured for row in greedy_ratios(directory, profile, hosts.get(directory))]
+    scale, fit = fit_greedy_scale(rows)
+    return profile.with_serving(profile.serving.with_greedy_scale(scale, fit)).with_hosts(profile.hosts)
+
+
 def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None = None, sim_seeds: int = 1,
             exclude_first: bool = False) -> dict:
     """Simulate every measured cell of ``directory`` on ``cost`` (or a list, one per engine: ``engine_costs``); write
@@ -1065,7 +1124,8 @@ def overload_path_factors(directory: Path, cost: CostModel,
     Passes with prompt tokens count at any size: they are the same chunks and prompts at every load. Decode steps
     alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
     than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
-    VALIDATION.md``, twenty-third and twenty-ninth rounds)."""
+    VALIDATION.md``, twenty-third and twenty-ninth rounds). Decode steps enqueued ahead (greedy runs) do not count:
+    their host work hid behind the step before, which the profile's greedy section prices, not the host."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     engines = 0
@@ -1074,7 +1134,7 @@ def overload_path_factors(directory: Path, cost: CostModel,
             continue
         engines = max(engines, len(traces[name][0]))
         for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
-            if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])):
+            if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])) or row["ahead"]:
                 continue
             if row["prefill_tokens"] or row["num_seqs"] <= decode_max_seqs:
                 key = (row["replica"], scale_path(row["path"], row["decode_tokens"]))
@@ -1147,6 +1207,18 @@ def _judged(errors) -> str:
                      for view, part in errors.groupby("view", sort=False))
 
 
+def _fitted(flag: str, path: Path, fit, *args):
+    """``fit(*args)``, a profile, saved to ``path``; its ValueError as the error of ``flag``."""
+    import click
+
+    try:
+        profile = fit(*args)
+    except ValueError as e:
+        raise click.ClickException(f"{flag}: {e}") from None
+    profile.save(path)
+    return profile
+
+
 def _command():
     import click
 
@@ -1168,7 +1240,7 @@ def _command():
                        "--max-concurrency; 0: none): 0,16")
     @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
                   help="Every request's sampling temperature (0: greedy, whose decode steps the engine enqueues "
-                       "ahead; the simulator prices every step as sampled).")
+                       "ahead; the simulator prices them so where the profile measured greedy serving).")
     @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Engines, one GPU each, behind `splitfuse serve`'s router (and as many simulated).")
     @click.option("--balancer", "balancers", multiple=True,
@@ -1227,6 +1299,10 @@ def _command():
                        "price (the median over hosts, the cells' passes included: judge the result on other runs), "
                        "then the levels at it: for cards whose served step grows with the batch faster than the "
                        "sweep's.")
+    @click.option("--fit-greedy", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with its greedy decode steps priced (served over the price of a sampled "
+                       "one, enqueued ahead or not), measured on the runs' warm-up and overload runs sent at "
+                       "--temperature 0, each host weighing as one; compare with that.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1247,7 +1323,7 @@ def _command():
                  saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
                  measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, level_per_sample,
-                 record_hosts,
+                 fit_greedy, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1269,7 +1345,7 @@ def _command():
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),
-                            ("--fit-noise", fit_noise), ("--fit-levels", fit_levels)):
+                            ("--fit-noise", fit_noise), ("--fit-levels", fit_levels), ("--fit-greedy", fit_greedy)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and not isinstance(cost, Profile):
@@ -1342,12 +1418,14 @@ def _command():
                                       cost.serving.fit["step_per_sample"]["hosts"].items()) + ")"
                           if level_per_sample else "")
             click.echo(f"serving levels at heat 0, the hosts' median: {moved}{grown}{per_sample}; wrote {fit_levels}")
+        if fit_greedy:
+            cost = _fitted("--fit-greedy", fit_greedy, with_greedy_scale, cost, measured, hosts)
+            greedy = cost.serving.fit["greedy"]
+            click.echo("greedy decode-graph steps over their price, the hosts' median: " + ", ".join(
+                f"{kind} {cost.serving.greedy_scale[kind]:.4f} ({greedy[kind]['steps']} steps, "
+                f"{len(greedy[kind]['hosts'])} hosts)" for kind in GREEDY_STEPS) + f"; wrote {fit_greedy}")
         if record_hosts:
-            try:
-                cost = with_measured_hosts(cost, measured, hosts)
-            except ValueError as e:
-                raise click.ClickException(f"--record-hosts: {e}") from None
-            cost.save(record_hosts)
+            cost = _fitted("--record-hosts", record_hosts, with_measured_hosts, cost, measured, hosts)
         if fit_serving or record_hosts or fit_levels:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "

@@ -140,7 +140,8 @@ class Workload:
     trace replay when a ``trace`` is given, else Poisson. Without a ``rate``, open-loop arrivals come at ``load``
     times the cluster's estimated saturation rate (``sim.saturation.with_rate``, which ``simulate`` applies).
     ``prompt``/``output``: a ``LengthDist`` or its spec string. Sampled prompts are clipped at
-    ``max_prompt_tokens`` (None: not clipped); a trace is never clipped."""
+    ``max_prompt_tokens`` (None: not clipped); a trace is never clipped. ``temperature``: every request's sampling
+    temperature (0: greedy, whose decode steps the engine may enqueue ahead)."""
 
     num_requests: int = 2000
     arrivals: str | None = None
@@ -153,6 +154,7 @@ class Workload:
     output: LengthDist | str = LengthDist("normal", (128.0, 0.3))
     trace: str | Path | None = None
     max_prompt_tokens: int | None = FASTGEN_MAX_PROMPT_TOKENS
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, LengthDist):
@@ -163,6 +165,8 @@ class Workload:
             self.arrivals = "trace" if self.trace else "poisson"
 
     def validate(self) -> None:
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature!r}")
         if self.arrivals not in ARRIVALS:
             raise ValueError(f"--arrivals {self.arrivals!r}: choose one of {', '.join(ARRIVALS)}")
         if self.trace and self.arrivals != "trace":

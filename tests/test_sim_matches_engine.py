@@ -125,3 +125,53 @@ def test_simulator_runs_the_engines_passes(case):
     sim_preemptions = [sim_requests[i].num_preemptions for i in range(NUM_REQUESTS)]
     assert engine_preemptions == sim_preemptions
     assert (sum(engine_preemptions) > 0) == expect_preemptions
+
+
+class GreedyConstantCost(ConstantCost):
+    """``ConstantCost`` that prices greedy decode steps (``Profile.greedy_decode_scale``): a simulated replica then
+    enqueues decode passes ahead as the engine does."""
+
+    def greedy_decode_scale(self, features, kind: str) -> float | None:
+        if features.num_tokens != features.num_seqs:
+            return None
+        return {"step": 1.0, "ahead": 0.5, "discarded": 0.25}[kind]
+
+
+@pytest.mark.parametrize("case", ["splitfuse-roomy", "splitfuse-few-seqs", "splitfuse-tight-kv"])
+def test_simulator_enqueues_decode_passes_ahead_as_the_engine_does(case, tmp_path):
+    """Greedy requests (temperature 0, sent as a trace at t=0): the engine on the CPU with its pass graphs (run
+    eagerly) enqueues decode passes ahead; the simulator, on a cost that prices them, must enqueue, use and discard
+    the same ones, over the very same plans."""
+    from sim.workload import Workload
+
+    scheduler, budget, max_num_seqs, block_size, num_kv_blocks, _, _ = CASES[case]
+    prompts, outputs = workload(1)
+    engine = LLMEngine(MODEL, scheduler=scheduler, token_budget=budget, block_size=block_size,
+                       max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, device="cpu", dtype="float32", seed=0)
+    engine.runner.rebuild_graphs(min(max_num_seqs, budget), budget)
+    engine_passes: list = []
+    engine.scheduler.observe(recorder(lambda r: int(r.request_id), engine_passes, {}))
+    for prompt, n in zip(prompts, outputs):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), arrival_time=0.0)
+    while engine.has_unfinished():
+        engine.step()
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n"
+                     + "".join(f"0,{len(p)},{n}\n" for p, n in zip(prompts, outputs)))
+    sim_passes: list = []
+    record = recorder(lambda r: r.request_id, sim_passes, {})
+    cost = GreedyConstantCost(1e-3, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                              max_model_len=engine.max_model_len)
+    config = ClusterConfig(cost, replicas=1, noise=False,
+                           policy=PolicyConfig(scheduler=scheduler, token_budget=budget, max_num_seqs=max_num_seqs))
+    result = simulate(Workload(trace=str(trace), temperature=0.0), config, seed=0,
+                      on_pass=lambda replica, plan, start, end, delivered: record(plan))
+
+    assert engine.pipeline_stats["used"] > 0  # the case really runs decode passes ahead
+    sim_stats = result.replicas[["ahead_enqueued", "ahead_used", "ahead_discarded"]].iloc[0].tolist()
+    assert sim_stats == [engine.pipeline_stats[k] for k in ("enqueued", "used", "discarded")]
+    assert sim_passes == engine_passes
+    # at temperature 1 the same cost enqueues nothing ahead
+    sampled = simulate(Workload(trace=str(trace)), config, seed=0)
+    assert sampled.replicas["ahead_enqueued"].tolist() == [0]
