@@ -328,8 +328,7 @@ def fit_greedy_scale(rows, min_count: int = 10) -> tuple[dict[str, float], dict]
         if counts.empty:
             raise ValueError(f"no host served {min_count} greedy decode-graph steps of the kind {kind!r} (send "
                              f"requests at temperature 0: --temperature 0)")
-        scale[kind] = max(float(np.median(counts["median"])), 1e-3) if kind != "discarded" else \
-            max(float(np.median(counts["median"])), 0.0)
+        scale[kind] = max(float(np.median(counts["median"])), 0.0 if kind == "discarded" else 1e-3)
         fit[kind] = {"hosts": {h: round(float(m), 5) for h, m in counts["median"].items()},
                      "steps": int(counts["size"].sum())}
     return scale, fit

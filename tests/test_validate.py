@@ -827,3 +827,15 @@ def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
                                            str(tmp_path / "p"), "--fit-levels", str(target), "--level-per-sample"])
     assert result.exit_code == 1 and "--fit-levels: no host has 10 passes that sample on a graph path" in result.output
     assert not target.exists()
+
+
+def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
+    """--fit-greedy fits on runs sent at temperature 0; this run's were sampled (and a CPU run's passes are eager),
+    so it stops with an error that names what is missing and how to send them, and writes nothing."""
+    out, _ = run
+    target = tmp_path / "greedy.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "g"), "--fit-greedy", str(target)])
+    assert result.exit_code == 1 and "--fit-greedy: no host served 10 greedy decode-graph steps of the kind 'step'" \
+        in result.output and "--temperature 0" in result.output
+    assert not target.exists()
