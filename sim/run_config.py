@@ -40,6 +40,11 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
     }
     if workload is not None:
         rows.update(_workload_rows(workload, config))
+        rows["sampling"] = f"temperature {number(workload.temperature)}" + (
+            (" (greedy: decode steps enqueued ahead, as the profile prices them)"
+             if getattr(cost, "greedy_decode_scale", None) is not None
+             else " (greedy, priced as sampled: the profile has no greedy section)")
+            if workload.temperature == 0 else "")
     seeds = list(seeds)
     rows["seeds"] = (f"{seeds[0]} to {seeds[-1]} ({len(seeds)} replications)" if len(seeds) > 1
                      else f"{seeds[0]} (1 replication: no confidence intervals)")

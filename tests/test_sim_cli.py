@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 from click.testing import CliRunner
 
 from sim.cli import simulate
@@ -46,3 +47,14 @@ def test_console_script_runs_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "profile:" in out.stdout
+
+
+@pytest.mark.parametrize("profile, says", [
+    ("llama-2-7b-h200-bf16", "temperature 0 (greedy: decode steps enqueued ahead, as the profile prices them)"),
+    ("llama-2-7b-h100-bf16", "temperature 0 (greedy, priced as sampled: the profile has no greedy section)")])
+def test_greedy_requests_say_how_they_are_priced(profile, says):
+    result = CliRunner().invoke(simulate, ["-n", "100", "--replicas", "1", "--profile", profile, "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    assert says in result.output
+    refused = CliRunner().invoke(simulate, ["-n", "100", "--temperature", "-1"])
+    assert refused.exit_code == 2 and "--temperature must be >= 0" in refused.output
