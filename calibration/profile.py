@@ -7,7 +7,8 @@ version 7) knees in its attention terms, (from version 8) the card's heat in the
 how the card's measured hosts differ from it (``calibration.host_spread``), (from version 12) a scale of its own
 for graph passes of prompts alone, (from version 13) a scale of the served prompt attention and (from version 15)
 the served passes' spread, (from version 16) the served step's work per sampled entry and (from version 17) greedy
-decode steps. All are optional, and files of versions 2 to 16 still load.
+decode steps (from version 18 a step enqueued ahead less the host work it hides). All are optional, and files of
+versions 2 to 17 still load (but for version 17's greedy section, which is refused, named).
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -34,7 +35,7 @@ from calibration.cost_model import (
 )
 from calibration.energy import EnergyModel
 from calibration.host_spread import HostSpread
-from calibration.serving import PrefillHeat, ServingModel, scale_path
+from calibration.serving import GRAPH_PATHS, PrefillHeat, ServingModel, scale_path
 from engine.policy import PassFeatures
 
 FORMAT = "splitfuse-profile"
@@ -52,8 +53,8 @@ FORMAT = "splitfuse-profile"
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
-VERSION = 17
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+VERSION = 18
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -79,8 +80,8 @@ class Profile:
         self.source: str | None = None  # the file it was loaded from
         if serving is None:  # the fitted model's own method answers (one call less on the simulator's hot path)
             self.predict = model.predict
-        if serving is None or serving.greedy_scale is None:  # a simulated replica then asks nothing per pass
-            self.greedy_decode_scale = None
+        if serving is None or serving.greedy is None:  # a simulated replica then asks nothing per pass
+            self.greedy_seconds = None
         self._noise = None  # the noise as a numpy array, made on first use
 
     def __repr__(self) -> str:
@@ -102,14 +103,16 @@ class Profile:
         return (serving.step_seconds(path, step, f.num_samples, heat) + serving.loop_seconds(f.num_samples)
                 + serving.spread_seconds(f))
 
-    def greedy_decode_scale(self, f: PassFeatures, kind: str) -> float | None:
-        """What a served step of features ``f`` whose entries all take their argmax takes over ``predict(f)``, as it
-        runs (``ServingModel.greedy_decode_scale``); None off the decode graphs. None itself where
-        the profile measured no greedy serving (the simulator then prices such steps as sampled ones, and enqueues
-        nothing ahead)."""
-        if self.scale_path(f) != "decode-graph":
+    def greedy_seconds(self, f: PassFeatures, kind: str, price: float) -> float | None:
+        """What a served pass of features ``f`` whose entries all take their argmax takes, priced ``price`` seconds
+        as a sampled one (``predict(f)``, or a host's share of it), as it runs (``ServingModel.greedy_seconds``): a
+        graph pass that samples takes its argmax inside the graph ("step"), and only a decode-graph step runs ahead
+        ("ahead", "discarded"). None for any other pass. None itself where the profile measured no greedy serving
+        (the simulator then prices such passes as sampled ones, and enqueues nothing ahead)."""
+        path = self.model.path(f)
+        if not f.num_samples or path not in GRAPH_PATHS or (kind != "step" and path != "decode-graph"):
             return None
-        return self.serving.greedy_decode_scale(kind)
+        return self.serving.greedy_seconds(kind, price, f.num_samples)
 
     def attention_seconds(self, f: PassFeatures) -> float:
         """The swept price of the prompt tokens' attention over their prefixes in a pass with features ``f``

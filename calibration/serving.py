@@ -53,7 +53,15 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   weighing as one (``served_noise``). The simulator draws each pass's factor from it instead of the sweep's repeats
   (``Profile.noise_factors``): served passes spread about five times as widely as a pass repeated alone, with a
   longer upper tail, so their mean lies above the median the section's numbers price (``calibration/VALIDATION.md``,
-  thirty-third round). Older sections have none: the sweep's spread.
+  thirty-third round). Older sections have none: the sweep's spread;
+- greedy passes (from profile version 18; version 17's form is refused): ``greedy``. A graph pass whose requests
+  all take their argmax takes it inside the graph and skips the sampling kernels: ``step_saved_s`` +
+  ``step_saved_per_sample_s`` x sampled entries less than its price. After a decode step the engine then enqueues
+  the next step before this one's tokens are back
+  (``engine.policy.DecodeAhead``), so that step's host work (preparing its inputs, the loop's work on the step
+  before) runs behind the GPU's too: ``ahead_saved_s`` + ``ahead_saved_per_sample_s`` x entries less. A step
+  enqueued ahead and discarded (a prompt arrived) adds ``discarded`` of its price to the pass after it
+  (``fit_greedy``). Older sections have none: greedy steps are priced as sampled ones.
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
@@ -76,6 +84,9 @@ NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
 # a greedy decode-graph step as it runs: on its own, or enqueued ahead; and a discarded one, which runs before the next
 GREEDY_STEPS = ("step", "ahead", "discarded")
+# the greedy section: a step on its own or ahead as its price less what it saves, a line in its sampled entries; what
+# a discarded one adds to the next pass as a share of its price
+GREEDY_KEYS = ("step_saved_s", "step_saved_per_sample_s", "ahead_saved_s", "ahead_saved_per_sample_s", "discarded")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
 NOISE_QUANTILES = 1024  # points kept of the served passes' spread: its upper tail moves the mean and the p99s
@@ -150,7 +161,7 @@ class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
     __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
-                 "noise_q", "greedy_scale", "_delivery_base")
+                 "noise_q", "greedy", "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -160,7 +171,7 @@ class ServingModel:
                  loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
                  attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
                  noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0,
-                 greedy_scale: Mapping[str, float] | None = None) -> None:
+                 greedy: Mapping[str, float] | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -197,12 +208,11 @@ class ServingModel:
         if unknown:
             raise ValueError(f"serving attention_scale: unknown path {unknown[0]!r}; paths are {', '.join(PATHS)}")
         self.attention_scale = {p: _check(f"attention_scale[{p}]", attention.get(p, 0.0)) for p in PATHS}
-        greedy = dict(greedy_scale or {})
-        if greedy and sorted(greedy) != sorted(GREEDY_STEPS):
-            raise ValueError(f"serving greedy_scale needs exactly the keys {', '.join(GREEDY_STEPS)}, got "
+        greedy = dict(greedy or {})
+        if greedy and sorted(greedy) != sorted(GREEDY_KEYS):
+            raise ValueError(f"serving greedy needs exactly the keys {', '.join(GREEDY_KEYS)}, got "
                              f"{', '.join(sorted(greedy))}")
-        self.greedy_scale = {k: _check(f"greedy_scale[{k}]", v, 0.0 if k == "discarded" else 1e-3)
-                             for k, v in greedy.items()} or None
+        self.greedy = {k: _check(f"greedy[{k}]", v) for k, v in greedy.items()} or None
         self.fit = dict(fit or {})
 
     @property
@@ -221,12 +231,18 @@ class ServingModel:
         per_sample = self.step_per_sample_s * num_samples if path in GRAPH_PATHS else 0.0
         return self.scale(path, heat) * step + per_sample
 
-    def greedy_decode_scale(self, kind: str) -> float | None:
-        """A served decode-graph step whose entries all take their argmax, over its price (a sampled step's), as it
-        runs (``kind``, one of ``GREEDY_STEPS``): on its own ("step"), enqueued ahead of the one before ("ahead":
-        its host work hidden behind that one's GPU work), or enqueued ahead and discarded ("discarded": what it adds
-        to the pass after it). None where the section measured no greedy serving."""
-        return None if self.greedy_scale is None else self.greedy_scale[kind]
+    def greedy_seconds(self, kind: str, price: float, num_samples: int) -> float | None:
+        """A served graph pass whose ``num_samples`` entries all take their argmax, priced ``price`` seconds as a
+        sampled one, as it runs (``kind``, one of ``GREEDY_STEPS``): on its own ("step": the price less the sampling
+        it skips), a decode step enqueued ahead of the one before ("ahead": less that and the host work it hid behind
+        that one's GPU work; both grow with its entries), or enqueued ahead and discarded ("discarded": what it adds
+        to the pass after it, a share of its price). None where the section measured no greedy serving."""
+        g = self.greedy
+        if g is None:
+            return None
+        if kind == "discarded":
+            return g["discarded"] * price
+        return max(0.0, price - g[f"{kind}_saved_s"] - g[f"{kind}_saved_per_sample_s"] * num_samples)
 
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
@@ -258,7 +274,7 @@ class ServingModel:
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
                 **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {}),
-                **({"greedy_scale": self.greedy_scale} if self.greedy_scale else {})}
+                **({"greedy": self.greedy} if self.greedy else {})}
 
     def with_noise(self, noise_q: Sequence[float], fit: Mapping | None = None) -> ServingModel:
         """This section with ``noise_q`` as its served passes' spread (``served_noise``) and ``fit`` (how it was
@@ -289,11 +305,11 @@ class ServingModel:
                                        "heat_scale": {**d["heat_scale"], **heat},
                                        "fit": {**d["fit"], "growth": dict(fit or {})}})
 
-    def with_greedy_scale(self, scale: Mapping[str, float], fit: Mapping | None = None) -> ServingModel:
-        """This section with ``scale`` as its greedy decode steps' (``fit_greedy_scale``) and ``fit`` under the
+    def with_greedy(self, greedy: Mapping[str, float], fit: Mapping | None = None) -> ServingModel:
+        """This section with ``greedy`` as its greedy decode steps' prices (``fit_greedy``) and ``fit`` under the
         fit's "greedy"."""
         d = self.to_dict()
-        return ServingModel.from_dict({**d, "greedy_scale": dict(scale),
+        return ServingModel.from_dict({**d, "greedy": dict(greedy),
                                        "fit": {**d["fit"], "greedy": dict(fit or {})}})
 
     @classmethod
@@ -301,37 +317,64 @@ class ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
         prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry,
-        before 17 no greedy decode steps (priced as sampled ones)."""
+        before 17 no greedy decode steps (priced as sampled ones). Version 17's ``greedy_scale`` priced a step
+        ahead as a share of its price, which the host work it hides is not: such a section is refused, named."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
+        if "greedy_scale" in d:
+            raise ValueError("'serving' has a greedy_scale (profile version 17), which priced a decode step enqueued "
+                             "ahead as a share of its price; from version 18 it is the host work the step hides "
+                             "(greedy): refit it on the greedy runs with `splitfuse validate --fit-greedy`, or drop it "
+                             "to price greedy steps as sampled ones")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
-                                             "attention_scale", "fit", "noise_q", "greedy_scale")]
+                                             "attention_scale", "fit", "noise_q", "greedy")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
 
 
-def fit_greedy_scale(rows, min_count: int = 10) -> tuple[dict[str, float], dict]:
-    """``greedy_scale`` (``ServingModel``) from served greedy decode-graph steps: rows with ``host``, ``kind`` (one of
-    ``GREEDY_STEPS``) and ``ratio`` (a step's served time, loop included, over the section's price of it; for
-    "discarded", what the pass after a discarded step took beyond its price, over the price of that step). Each
-    kind's median per host with ``min_count`` rows of it, then the median over those hosts; and how it was
-    measured. ValueError naming the kind no host served that often."""
+def fit_greedy(rows, min_count: int = 10) -> tuple[dict[str, float], dict]:
+    """``greedy`` (``ServingModel``) from served greedy decode-graph steps: rows with ``host``, ``kind`` (one of
+    ``GREEDY_STEPS``), for "step" and "ahead" ``num_samples`` and ``saved_s`` (the step's price less its served
+    time, loop included), and for "discarded" ``ratio`` (what the pass after a discarded step took beyond its price,
+    over the price of that step). What a step saves is a line in its sampled entries (both terms at least 0) through
+    bins of ``LOOP_BIN`` entries, each bin's point the median of its hosts' medians (``_host_medians``), as the
+    loop's: as a share of the price it read too little on long contexts and too much on short ones, and on models
+    of a large vocabulary the sampling a greedy step skips grows with the batch (``calibration/VALIDATION.md``,
+    fortieth round). The discarded share is each host's median, then the median over hosts. Only hosts with
+    ``min_count`` rows of a kind count for it. Returns (the section's numbers, how they were measured); ValueError
+    naming the kind no host served that often."""
     import pandas as pd
 
-    rows = pd.DataFrame(rows, columns=["host", "kind", "ratio"])
-    rows = rows[np.isfinite(rows["ratio"].astype(float))]
-    scale, fit = {}, {"min_count": min_count}
-    for kind in GREEDY_STEPS:
-        counts = rows[rows["kind"] == kind].groupby("host")["ratio"].agg(["median", "size"])
-        counts = counts[counts["size"] >= min_count]
-        if counts.empty:
+    rows = pd.DataFrame(rows, columns=["host", "kind", "ratio", "num_samples", "saved_s"])
+    greedy, fit = {}, {"min_count": min_count}
+
+    def served(kind, *columns):
+        part = _finite_rows(rows[rows["kind"] == kind], *columns)
+        part = part[part.groupby("host")[columns[0]].transform("size") >= min_count]
+        if part.empty:
             raise ValueError(f"no host served {min_count} greedy decode-graph steps of the kind {kind!r} (send "
                              f"requests at temperature 0: --temperature 0)")
-        scale[kind] = max(float(np.median(counts["median"])), 0.0 if kind == "discarded" else 1e-3)
-        fit[kind] = {"hosts": {h: round(float(m), 5) for h, m in counts["median"].items()},
-                     "steps": int(counts["size"].sum())}
-    return scale, fit
+        return part
+
+    for kind in ("step", "ahead"):
+        part = served(kind, "saved_s", "num_samples")
+        medians, _ = _host_medians(part, lambda host_rows: _loop_bins(host_rows, "saved_s"))
+        if medians.empty:  # no bin with passes enough: one line through every host's steps
+            medians = pd.DataFrame({"x": part["num_samples"], "y": part["saved_s"]})
+        saved, per_sample, _ = _line(medians["x"], medians["y"], kind)
+        greedy[f"{kind}_saved_s"], greedy[f"{kind}_saved_per_sample_s"] = saved, per_sample
+        samples, y = part["num_samples"].to_numpy(dtype=float), part["saved_s"].to_numpy(dtype=float)
+        residual = np.abs(y - saved - per_sample * samples)
+        fit[kind] = {"hosts": sorted(map(str, part["host"].unique())), "steps": int(len(part)),
+                     "bins": int(len(medians)), "x_range": [float(samples.min()), float(samples.max())],
+                     "median_abs_residual_s": float(np.median(residual)),
+                     "p95_abs_residual_s": float(np.percentile(residual, 95))}
+    part = served("discarded", "ratio")
+    medians = part.groupby("host")["ratio"].median()
+    greedy["discarded"] = max(float(np.median(medians)), 0.0)
+    fit["discarded"] = {"hosts": {h: round(float(m), 5) for h, m in medians.items()}, "steps": int(len(part))}
+    return {k: greedy[k] for k in GREEDY_KEYS}, fit
 
 
 def served_noise(ratios: Mapping[str, Sequence[np.ndarray]]) -> tuple[list[float], dict]:
@@ -595,13 +638,13 @@ LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans
 MIN_BIN_PASSES = 5  # passes a bin needs to count
 
 
-def _loop_bins(passes):
-    """The medians of sampled entries (``x``) and the loop's work (``y``) of ``passes`` in each bin of ``LOOP_BIN``
-    entries that has ``MIN_BIN_PASSES`` of them, indexed by bin."""
+def _loop_bins(passes, column: str = "serving_s"):
+    """The medians of sampled entries (``x``) and ``column`` (``y``; the loop's work) of ``passes`` in each bin of
+    ``LOOP_BIN`` entries that has ``MIN_BIN_PASSES`` of them, indexed by bin."""
     import pandas as pd
 
     samples = passes["num_samples"].to_numpy(dtype=float)
-    frame = pd.DataFrame({"x": samples, "y": passes["serving_s"].to_numpy(dtype=float),
+    frame = pd.DataFrame({"x": samples, "y": passes[column].to_numpy(dtype=float),
                           "bin": (samples // LOOP_BIN).astype(np.int64)})
     grouped = frame.groupby("bin")
     return grouped.median()[grouped.size() >= MIN_BIN_PASSES]

@@ -42,8 +42,8 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
               help="Open loop: at most this many requests in flight; one due at the cap waits, and its latencies "
                    "start when it is sent (as vLLM's bench --max-concurrency).")
 @click.option("--temperature", type=float, default=Workload.temperature, show_default=True,
-              help="Every request's sampling temperature (0: greedy, whose decode steps the engine enqueues ahead, "
-                   "priced so where the profile measured greedy serving).")
+              help="Every request's sampling temperature (0: greedy: the engine takes the argmax inside its graphs "
+                   "and enqueues decode steps ahead, priced so where the profile measured greedy serving).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="CSV/JSONL trace to replay (its arrival times and lengths; Vidur's and vLLM's column names too).")
 @click.option("--num-requests", "-n", default=Workload.num_requests, show_default=True, type=int)

@@ -27,7 +27,7 @@ class CostModel(Protocol):
     until the client has its tokens. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
     Optionally, ``new_heat()`` gives a ``calibration.serving.PrefillHeat`` (or None): a replica then keeps it, adds
     each pass to it and calls ``predict(features, heat)`` with its value when the pass starts; and
-    ``greedy_decode_scale(features, ahead)`` (``calibration.profile.Profile``) prices greedy decode steps, which a
+    ``greedy_seconds(features, kind, price)`` (``calibration.profile.Profile``) prices greedy decode steps, which a
     replica then enqueues ahead as the engine does.
     """
 
@@ -134,7 +134,7 @@ class SlowerHost:
         self.noise_factors, self.admission_seconds = cost.noise_factors, cost.admission_seconds
         self.delivery_seconds = cost.delivery_seconds
         self.energy, self.serving = getattr(cost, "energy", None), getattr(cost, "serving", None)
-        self.greedy_decode_scale = getattr(cost, "greedy_decode_scale", None)
+        self.greedy_seconds = getattr(cost, "greedy_seconds", None)
 
     def new_heat(self):
         return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None

@@ -2,7 +2,7 @@
 
 Per pass: ``plan = scheduler.schedule(now)``; wait the cost model's latency of that plan (times a noise factor
 drawn from the profile's measured spread); ``scheduler.update(plan, None, now)``. An idle replica waits for
-an arrival event. Where the cost model prices greedy decode steps (``greedy_decode_scale``), the replica runs the
+an arrival event. Where the cost model prices greedy decode steps (``greedy_seconds``), the replica runs the
 engine's ``pipeline_decodes`` too: after a decode-graph pass whose entries all take their argmax it enqueues the
 next decode pass ahead (``Scheduler.next_decode_plan``); a plan that is that pass or a subset of it
 (``DecodeAhead.rows_for``) takes that pass's time, and any other plan runs after it (the engine discards it once
@@ -90,7 +90,7 @@ class Replica:
         env, sched, predict, delivery = self.env, self.scheduler, self.cost.predict, self.cost.delivery_seconds
         hist, on_finish = self.tokens_per_pass, self.on_finish
         heat = self.cost.new_heat() if hasattr(self.cost, "new_heat") else None  # optional in CostModel
-        greedy_scale = getattr(self.cost, "greedy_decode_scale", None)  # optional in CostModel
+        greedy = getattr(self.cost, "greedy_seconds", None)  # optional in CostModel
         block_size = self.cost.block_size
         ahead: DecodeAhead | None = None  # the decode pass enqueued ahead; its seconds, used or discarded
         ahead_seconds = ahead_discarded = 0.0
@@ -114,9 +114,11 @@ class Replica:
             seconds = predict(features) if heat is None else predict(features, heat.at(now))
             if seconds < 0:
                 raise ValueError(negative_pass_message(self.index, seconds, features))
-            argmax = greedy_scale is not None and all(r.takes_argmax for r in plan.requests)
-            if argmax and (scale := greedy_scale(features, "step")) is not None:
-                seconds *= scale
+            step = None  # what a greedy graph pass takes on its own
+            if greedy is not None and all(r.takes_argmax for r in plan.requests):
+                step = greedy(features, "step", seconds)
+            if step is not None:
+                seconds = step
             rows, full_ahead = None, False
             if ahead is not None:
                 rows = ahead.rows_for(plan, block_size)
@@ -127,15 +129,15 @@ class Replica:
                     seconds += ahead_discarded
                     self.pipeline_stats["discarded"] += 1
                 ahead = None
-            if argmax and (full_ahead or rows is None) and greedy_scale(features, "ahead") is not None:
+            if step is not None and (full_ahead or rows is None):
                 ahead_plan = sched.next_decode_plan(plan)  # before the update, as the engine asks
                 if ahead_plan is not None:
                     self.pipeline_stats["enqueued"] += 1
                     ahead = DecodeAhead.of(ahead_plan, block_size)
                     ahead_features = plan_features(ahead_plan)
                     price = predict(ahead_features) if heat is None else predict(ahead_features, heat.at(now))
-                    ahead_seconds = greedy_scale(ahead_features, "ahead") * price
-                    ahead_discarded = greedy_scale(ahead_features, "discarded") * price
+                    ahead_seconds = greedy(ahead_features, "ahead", price)
+                    ahead_discarded = greedy(ahead_features, "discarded", price)
             if self.noise:
                 factors = factors or self._noise_factors()
                 seconds *= factors.pop()

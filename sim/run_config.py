@@ -41,8 +41,8 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
     if workload is not None:
         rows.update(_workload_rows(workload, config))
         rows["sampling"] = f"temperature {number(workload.temperature)}" + (
-            (" (greedy: decode steps enqueued ahead, as the profile prices them)"
-             if getattr(cost, "greedy_decode_scale", None) is not None
+            (" (greedy: argmax in the graphs, decode steps enqueued ahead, as the profile prices them)"
+             if getattr(cost, "greedy_seconds", None) is not None
              else " (greedy, priced as sampled: the profile has no greedy section)")
             if workload.temperature == 0 else "")
     seeds = list(seeds)

@@ -48,7 +48,6 @@ import numpy as np
 
 from calibration.host_spread import HostSpread, MeasuredHost
 from calibration.serving import (
-    GREEDY_STEPS,
     HEAT_TAU_S,
     decode_spread_tokens,
     prefill_heats,
@@ -142,7 +141,7 @@ class ServedCost:
         self.predict, self.noise_factors = cost.predict, cost.noise_factors
         self.admission_seconds, self.delivery_seconds = cost.admission_seconds, cost.delivery_seconds
         self.attention_seconds = getattr(cost, "attention_seconds", None)
-        self.greedy_decode_scale = getattr(cost, "greedy_decode_scale", None)
+        self.greedy_seconds = getattr(cost, "greedy_seconds", None)
 
     def new_heat(self):
         return self.cost.new_heat() if hasattr(self.cost, "new_heat") else None
@@ -403,7 +402,8 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
-    one's start, its prediction their sum) and theirs keep only ``serving_s``."""
+    one's start, its prediction their sum) and theirs keep only ``serving_s``. In a cell sent at temperature 0 a
+    decode-graph step is predicted as the cost prices a greedy one (``greedy_seconds``), enqueued ahead or not."""
     lo, hi = measured.window
     rows = []
     costs = engine_costs(cost, len(passes))
@@ -411,12 +411,16 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
         engine_cost = costs[replica]
         card = engine_cost.new_heat() if hasattr(engine_cost, "new_heat") else None
         attention = getattr(engine_cost, "attention_seconds", None)
+        greedy = getattr(engine_cost, "greedy_seconds", None) if measured.cell.temperature == 0 else None
         heats = prefill_heats(engine_passes, card.tau_s if card is not None else HEAT_TAU_S)
         # the passes since the last that waited for the GPU
         run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
         for i, p in enumerate(engine_passes):
             features = PassFeatures.from_mapping(p)
             predicted = engine_cost.predict(features) if card is None else engine_cost.predict(features, heats[i])
+            if greedy is not None:
+                seconds = greedy(features, "ahead" if p["ahead"] else "step", predicted)
+                predicted = predicted if seconds is None else seconds
             attention_s = attention(features) if attention else float("nan")
             following = engine_passes[i + 1]["start"] if i + 1 < len(engine_passes) else None
             busy = following is not None and following - p["sent"] < 1e-3
@@ -835,8 +839,8 @@ def with_served_noise(profile, measured: tuple[Path, ...], hosts: dict[Path, str
 
 
 def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dict]:
-    """What ``calibration.serving.fit_greedy_scale`` fits, from ``directory``'s greedy warm-up and overload runs
-    (sent at temperature 0): each decode-graph step's served time (step and loop) over ``profile``'s price of it,
+    """What ``calibration.serving.fit_greedy`` fits, from ``directory``'s greedy warm-up and overload runs (sent at
+    temperature 0): each decode-graph step's price less its served time (step and loop) and its sampled entries,
     enqueued ahead (``kind`` "ahead") or not ("step"); and each pass that follows a decode pass ahead the engine
     discarded ("discarded"): its served time beyond its price, over the price of the decode step before it, which
     the discarded pass repeated. The engine enqueues ahead after a greedy decode-graph step in which no request
@@ -865,7 +869,8 @@ def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dic
                     continue
                 served = after["start"] - p["start"]
                 if p["path"] == "decode-graph":
-                    rows.append({"host": host, "kind": "ahead" if p["ahead"] else "step", "ratio": served / price[i]})
+                    rows.append({"host": host, "kind": "ahead" if p["ahead"] else "step",
+                                 "num_samples": p["num_samples"], "saved_s": price[i] - served})
                 discarded = (before["path"] == "decode-graph" and before["end"] not in last_tokens
                              and p["end"] not in last_tokens and not p["ahead"] and p["prefill_tokens"] > 0)
                 if discarded:
@@ -873,16 +878,16 @@ def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dic
     return rows
 
 
-def with_greedy_scale(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+def with_greedy(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
     """``profile`` with its serving section's greedy decode steps measured on the greedy warm-up and overload runs
     of ``measured`` (``greedy_ratios``; ``hosts``: their labels), each host weighing as one."""
-    from calibration.serving import fit_greedy_scale
+    from calibration.serving import fit_greedy
 
     if profile.serving is None:
         raise ValueError("the profile has no serving section to price the served steps with (--fit-serving first)")
     rows = [row for directory in measured for row in greedy_ratios(directory, profile, hosts.get(directory))]
-    scale, fit = fit_greedy_scale(rows)
-    return profile.with_serving(profile.serving.with_greedy_scale(scale, fit)).with_hosts(profile.hosts)
+    greedy, fit = fit_greedy(rows)
+    return profile.with_serving(profile.serving.with_greedy(greedy, fit)).with_hosts(profile.hosts)
 
 
 def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None = None, sim_seeds: int = 1,
@@ -1125,7 +1130,8 @@ def overload_path_factors(directory: Path, cost: CostModel,
     alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
     than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
     VALIDATION.md``, twenty-third and twenty-ninth rounds). Decode steps enqueued ahead (greedy runs) do not count:
-    their host work hid behind the step before, which the profile's greedy section prices, not the host."""
+    their host work hid behind the step before, which the profile's greedy section prices, not the host; a greedy
+    step not ahead counts at its greedy price (``cell_passes``)."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     engines = 0
@@ -1300,9 +1306,11 @@ def _command():
                        "then the levels at it: for cards whose served step grows with the batch faster than the "
                        "sweep's.")
     @click.option("--fit-greedy", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Write the profile with its greedy decode steps priced (served over the price of a sampled "
-                       "one, enqueued ahead or not), measured on the runs' warm-up and overload runs sent at "
-                       "--temperature 0, each host weighing as one; compare with that.")
+                  help="Write the profile with its greedy decode steps priced (a step on its own or enqueued "
+                       "ahead: its price less what it saves, the sampling it skips and the host work it hides, a "
+                       "line in its sampled entries; what one discarded adds: a share of its price), measured on "
+                       "the runs' warm-up and overload runs sent at --temperature 0, each host weighing as one; "
+                       "compare with that.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1419,11 +1427,13 @@ def _command():
                           if level_per_sample else "")
             click.echo(f"serving levels at heat 0, the hosts' median: {moved}{grown}{per_sample}; wrote {fit_levels}")
         if fit_greedy:
-            cost = _fitted("--fit-greedy", fit_greedy, with_greedy_scale, cost, measured, hosts)
-            greedy = cost.serving.fit["greedy"]
-            click.echo("greedy decode-graph steps over their price, the hosts' median: " + ", ".join(
-                f"{kind} {cost.serving.greedy_scale[kind]:.4f} ({greedy[kind]['steps']} steps, "
-                f"{len(greedy[kind]['hosts'])} hosts)" for kind in GREEDY_STEPS) + f"; wrote {fit_greedy}")
+            cost = _fitted("--fit-greedy", fit_greedy, with_greedy, cost, measured, hosts)
+            greedy, fit = cost.serving.greedy, cost.serving.fit["greedy"]
+            click.echo("greedy decode-graph steps, the price less: " + ", ".join(
+                f"{kind} {greedy[f'{kind}_saved_s'] * 1e3:.3f} ms + {greedy[f'{kind}_saved_per_sample_s'] * 1e6:.2f} "
+                f"us a sampled entry ({fit[kind]['steps']} steps, {len(fit[kind]['hosts'])} hosts)"
+                for kind in ("step", "ahead")) + f"; discarded, {greedy['discarded']:.4f} of its price added to the "
+                f"next pass ({fit['discarded']['steps']} passes); wrote {fit_greedy}")
         if record_hosts:
             cost = _fitted("--record-hosts", record_hosts, with_measured_hosts, cost, measured, hosts)
         if fit_serving or record_hosts or fit_levels:

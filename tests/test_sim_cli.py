@@ -50,8 +50,10 @@ def test_console_script_runs_without_torch():
 
 
 @pytest.mark.parametrize("profile, says", [
-    ("llama-2-7b-h200-bf16", "temperature 0 (greedy: decode steps enqueued ahead, as the profile prices them)"),
-    ("llama-2-7b-h100-bf16", "temperature 0 (greedy, priced as sampled: the profile has no greedy section)")])
+    ("llama-2-7b-h200-bf16",
+     "temperature 0 (greedy: argmax in the graphs, decode steps enqueued ahead, as the profile prices them)"),
+    ("llama-2-7b-h100-bf16", "temperature 0 (greedy, priced as sampled: the profile has no greedy section)"),
+    ("mistral-7b-h200-bf16", "temperature 0 (greedy: argmax in the graphs")])
 def test_greedy_requests_say_how_they_are_priced(profile, says):
     result = CliRunner().invoke(simulate, ["-n", "100", "--replicas", "1", "--profile", profile, "--temperature", "0"])
     assert result.exit_code == 0, result.output

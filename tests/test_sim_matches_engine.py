@@ -128,13 +128,13 @@ def test_simulator_runs_the_engines_passes(case):
 
 
 class GreedyConstantCost(ConstantCost):
-    """``ConstantCost`` that prices greedy decode steps (``Profile.greedy_decode_scale``): a simulated replica then
+    """``ConstantCost`` that prices greedy decode steps (``Profile.greedy_seconds``): a simulated replica then
     enqueues decode passes ahead as the engine does."""
 
-    def greedy_decode_scale(self, features, kind: str) -> float | None:
+    def greedy_seconds(self, features, kind: str, price: float) -> float | None:
         if features.num_tokens != features.num_seqs:
             return None
-        return {"step": 1.0, "ahead": 0.5, "discarded": 0.25}[kind]
+        return {"step": 1.0, "ahead": 0.5, "discarded": 0.25}[kind] * price
 
 
 @pytest.mark.parametrize("case", ["splitfuse-roomy", "splitfuse-few-seqs", "splitfuse-tight-kv"])

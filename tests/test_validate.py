@@ -187,6 +187,30 @@ def test_a_pass_that_samples_nothing_is_timed_with_the_next_that_does():
     assert np.isnan(rows[4]["loop_s"])  # the last pass: no next step to time it to
 
 
+def test_a_greedy_cell_s_passes_are_priced_as_greedy_ones():
+    """In a cell sent at temperature 0 each pass is compared with the cost's greedy price of it, enqueued ahead or
+    not (what the simulator charges); a sampled cell's with the plain price."""
+
+    class Cost:
+        def predict(self, f):
+            return 0.010
+
+        def greedy_seconds(self, f, kind, price):
+            return {"step": 0.8, "ahead": 0.6}[kind] * price if f.num_samples else None
+
+    def traced(start, updated, ahead):
+        return {"start": start, "sent": updated + 1e-5, "updated": updated, "path": "decode-graph", "ahead": ahead,
+                "num_outputs": 1, **dict.fromkeys(PassFeatures._fields, 1)}
+
+    trace = [traced(0.0, 0.008, False), traced(0.0082, 0.014, True), traced(0.0142, 0.022, False)]
+    greedy = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1, temperature=0.0)
+    sampled = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1)
+    rows = cell_passes(Measured(greedy, None, [], 0.0, (0.0, 1.0)), [trace], Cost())
+    assert [r["predicted_s"] for r in rows] == pytest.approx([0.008, 0.006, 0.008])
+    rows = cell_passes(Measured(sampled, None, [], 0.0, (0.0, 1.0)), [trace], Cost())
+    assert [r["predicted_s"] for r in rows] == pytest.approx([0.010] * 3)
+
+
 def test_fit_serving_writes_a_profile_that_charges_the_serving_path(run, cpu_profile):
     """Fitted on the warm-up and overload runs: the served step per path, the loop's work, admission, delivery."""
     out, output = run
