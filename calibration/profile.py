@@ -7,8 +7,8 @@ version 7) knees in its attention terms, (from version 8) the card's heat in the
 how the card's measured hosts differ from it (``calibration.host_spread``), (from version 12) a scale of its own
 for graph passes of prompts alone, (from version 13) a scale of the served prompt attention and (from version 15)
 the served passes' spread, (from version 16) the served step's work per sampled entry and (from version 17) greedy
-decode steps (from version 18 a step enqueued ahead less the host work it hides). All are optional, and files of
-versions 2 to 17 still load (but for version 17's greedy section, which is refused, named).
+passes (from version 18 at their price less what they save, a line in their sampled entries). All are optional,
+and files of versions 2 to 17 still load (but for version 17's greedy section, which is refused, named).
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the

@@ -57,11 +57,11 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
 - greedy passes (from profile version 18; version 17's form is refused): ``greedy``. A graph pass whose requests
   all take their argmax takes it inside the graph and skips the sampling kernels: ``step_saved_s`` +
   ``step_saved_per_sample_s`` x sampled entries less than its price. After a decode step the engine then enqueues
-  the next step before this one's tokens are back
-  (``engine.policy.DecodeAhead``), so that step's host work (preparing its inputs, the loop's work on the step
-  before) runs behind the GPU's too: ``ahead_saved_s`` + ``ahead_saved_per_sample_s`` x entries less. A step
-  enqueued ahead and discarded (a prompt arrived) adds ``discarded`` of its price to the pass after it
-  (``fit_greedy``). Older sections have none: greedy steps are priced as sampled ones.
+  the next step before this one's tokens are back (``engine.policy.DecodeAhead``), so that step's host work
+  (preparing its inputs, the loop's work on the step before) runs behind the GPU's too: ``ahead_saved_s`` +
+  ``ahead_saved_per_sample_s`` x entries less. A step enqueued ahead and discarded (a prompt arrived) adds
+  ``discarded`` of its price to the pass after it (``fit_greedy``). Older sections have none: greedy passes are
+  priced as sampled ones.
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
@@ -82,7 +82,7 @@ PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
-# a greedy decode-graph step as it runs: on its own, or enqueued ahead; and a discarded one, which runs before the next
+# a greedy graph pass as it runs: on its own, or a decode step enqueued ahead; and a discarded one, before the next
 GREEDY_STEPS = ("step", "ahead", "discarded")
 # the greedy section: a step on its own or ahead as its price less what it saves, a line in its sampled entries; what
 # a discarded one adds to the next pass as a share of its price
@@ -306,8 +306,8 @@ class ServingModel:
                                        "fit": {**d["fit"], "growth": dict(fit or {})}})
 
     def with_greedy(self, greedy: Mapping[str, float], fit: Mapping | None = None) -> ServingModel:
-        """This section with ``greedy`` as its greedy decode steps' prices (``fit_greedy``) and ``fit`` under the
-        fit's "greedy"."""
+        """This section with ``greedy`` as its greedy passes' prices (``fit_greedy``) and ``fit`` under the fit's
+        "greedy"."""
         d = self.to_dict()
         return ServingModel.from_dict({**d, "greedy": dict(greedy),
                                        "fit": {**d["fit"], "greedy": dict(fit or {})}})
@@ -323,9 +323,9 @@ class ServingModel:
             raise ValueError("'serving' must be an object")
         if "greedy_scale" in d:
             raise ValueError("'serving' has a greedy_scale (profile version 17), which priced a decode step enqueued "
-                             "ahead as a share of its price; from version 18 it is the host work the step hides "
-                             "(greedy): refit it on the greedy runs with `splitfuse validate --fit-greedy`, or drop it "
-                             "to price greedy steps as sampled ones")
+                             "ahead as a share of its price; from version 18 a greedy pass costs its price less what "
+                             "it saves (greedy): refit it on the greedy runs with `splitfuse validate --fit-greedy`, "
+                             "or drop it to price greedy passes as sampled ones")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
                                              "attention_scale", "fit", "noise_q", "greedy")]
         if unknown:

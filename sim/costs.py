@@ -27,8 +27,8 @@ class CostModel(Protocol):
     until the client has its tokens. ``meta`` names the model, card and kind (``calibration.profile.META_KEYS``).
     Optionally, ``new_heat()`` gives a ``calibration.serving.PrefillHeat`` (or None): a replica then keeps it, adds
     each pass to it and calls ``predict(features, heat)`` with its value when the pass starts; and
-    ``greedy_seconds(features, kind, price)`` (``calibration.profile.Profile``) prices greedy decode steps, which a
-    replica then enqueues ahead as the engine does.
+    ``greedy_seconds(features, kind, price)`` (``calibration.profile.Profile``) prices greedy passes, whose decode
+    steps a replica then enqueues ahead as the engine does.
     """
 
     block_size: int

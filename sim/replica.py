@@ -2,7 +2,7 @@
 
 Per pass: ``plan = scheduler.schedule(now)``; wait the cost model's latency of that plan (times a noise factor
 drawn from the profile's measured spread); ``scheduler.update(plan, None, now)``. An idle replica waits for
-an arrival event. Where the cost model prices greedy decode steps (``greedy_seconds``), the replica runs the
+an arrival event. Where the cost model prices greedy passes (``greedy_seconds``), the replica runs the
 engine's ``pipeline_decodes`` too: after a decode-graph pass whose entries all take their argmax it enqueues the
 next decode pass ahead (``Scheduler.next_decode_plan``); a plan that is that pass or a subset of it
 (``DecodeAhead.rows_for``) takes that pass's time, and any other plan runs after it (the engine discards it once

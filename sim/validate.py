@@ -403,7 +403,7 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
     one's start, its prediction their sum) and theirs keep only ``serving_s``. In a cell sent at temperature 0 a
-    decode-graph step is predicted as the cost prices a greedy one (``greedy_seconds``), enqueued ahead or not."""
+    graph pass that samples is predicted as the cost prices a greedy one (``greedy_seconds``), ahead or not."""
     lo, hi = measured.window
     rows = []
     costs = engine_costs(cost, len(passes))
@@ -1131,7 +1131,7 @@ def overload_path_factors(directory: Path, cost: CostModel,
     than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
     VALIDATION.md``, twenty-third and twenty-ninth rounds). Decode steps enqueued ahead (greedy runs) do not count:
     their host work hid behind the step before, which the profile's greedy section prices, not the host; a greedy
-    step not ahead counts at its greedy price (``cell_passes``)."""
+    pass not ahead counts at its greedy price (``cell_passes``)."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     engines = 0
@@ -1306,11 +1306,11 @@ def _command():
                        "then the levels at it: for cards whose served step grows with the batch faster than the "
                        "sweep's.")
     @click.option("--fit-greedy", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Write the profile with its greedy decode steps priced (a step on its own or enqueued "
-                       "ahead: its price less what it saves, the sampling it skips and the host work it hides, a "
-                       "line in its sampled entries; what one discarded adds: a share of its price), measured on "
-                       "the runs' warm-up and overload runs sent at --temperature 0, each host weighing as one; "
-                       "compare with that.")
+                  help="Write the profile with its greedy graph passes priced (one on its own or a decode step "
+                       "enqueued ahead: its price less what it saves, the sampling it skips and the host work it "
+                       "hides, a line in its sampled entries; what one discarded adds: a share of its price), "
+                       "measured on the runs' warm-up and overload runs sent at --temperature 0, each host weighing "
+                       "as one; compare with that.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
