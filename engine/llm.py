@@ -55,8 +55,9 @@ class PassRecord:
     """One engine step as it ran (``time.perf_counter`` seconds): entered, plan made, pass enqueued (inputs
     copied, graph replayed or kernels launched), sampled ids on the host (the one sync), applied by the scheduler,
     outputs built. ``path``: "decode-graph", "mixed-graph" or "eager"; ``ahead``: the pass was enqueued during the
-    step before. A profile's pass (``calibration.sweep``) spans ``start`` to ``updated``. ``device_s``: the pass's
-    device seconds (``LaunchedPass.device_s``) when traced with ``device_time`` on CUDA, else None."""
+    step before; ``discarded``: this step discarded the pass enqueued during the step before (its plan was another),
+    which the GPU runs first. A profile's pass (``calibration.sweep``) spans ``start`` to ``updated``. ``device_s``: the
+    pass's device seconds (``LaunchedPass.device_s``) when traced with ``device_time`` on CUDA, else None."""
 
     start: float
     scheduled: float
@@ -69,6 +70,7 @@ class PassRecord:
     ahead: bool
     num_outputs: int
     device_s: float | None = None
+    discarded: bool = False
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -268,7 +270,7 @@ class LLMEngine:
             raise RuntimeError("this LLMEngine is closed (close() released its model and KV cache); make a new one")
         start = time.perf_counter()
         plan = self.scheduler.schedule(time.monotonic())
-        launched = self._take_ahead(plan)
+        launched, discarded = self._take_ahead(plan)
         if plan is None:
             return []
         scheduled = time.perf_counter()
@@ -286,7 +288,7 @@ class LLMEngine:
         if self._pass_observers:
             record = PassRecord(start, scheduled, enqueued, sampled_at, updated, time.perf_counter(),
                                 plan_features(plan), self.runner.path(plan), ahead, len(outputs),
-                                launched.device_s() if self._timed else None)
+                                launched.device_s() if self._timed else None, discarded)
             for callback, _ in self._pass_observers:
                 callback(record)
         return outputs
@@ -329,26 +331,26 @@ class LLMEngine:
                        self.runner.launch(ahead, ids_from=launched.greedy, timed=self._timed))
         self.pipeline_stats["enqueued"] += 1
 
-    def _take_ahead(self, plan: BatchPlan | None) -> LaunchedPass | None:
-        """The pass enqueued ahead, if ``plan`` is it or a subset of it (``DecodeAhead.rows_for``); else None, and
-        that pass is discarded (it wrote only slots its requests own)."""
+    def _take_ahead(self, plan: BatchPlan | None) -> tuple[LaunchedPass | None, bool]:
+        """(The pass enqueued ahead, if ``plan`` is it or a subset of it (``DecodeAhead.rows_for``), else None;
+        whether there was one and it is discarded: it wrote only slots its requests own)."""
         if self._ahead is None:
-            return None
+            return None, False
         ahead, launched = self._ahead
         self._ahead = None
         rows = ahead.rows_for(plan, self.block_size)
         if rows is None:
             self.pipeline_stats["discarded"] += 1
-            return None
+            return None, True
         self.pipeline_stats["used"] += 1
         if len(rows) == ahead.plan.num_seqs:
-            return launched
+            return launched, False
 
         def subset() -> list[int]:
             ids = launched.result()
             return [ids[i] for i in rows]
 
-        return LaunchedPass(subset, events=launched.events)
+        return LaunchedPass(subset, events=launched.events), False
 
     def _output(self, entry: _Entry) -> RequestOutput:
         """The request after a pass in which it sampled exactly one new token."""

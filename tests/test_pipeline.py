@@ -68,6 +68,8 @@ def test_pipelined_engine_schedules_and_samples_like_the_plain_one(seed, schedul
     plain_engine = engine(False)
     plain, plain_plans = drive(plain_engine, scenario(seed, stops))
     piped_engine = engine(True)
+    records = []
+    piped_engine.trace_passes(records.append)
     piped, piped_plans = drive(piped_engine, scenario(seed, stops))
     assert piped == plain and piped_plans == plain_plans
     assert piped_engine.scheduler.num_preemptions == plain_engine.scheduler.num_preemptions
@@ -78,6 +80,10 @@ def test_pipelined_engine_schedules_and_samples_like_the_plain_one(seed, schedul
     stats = engine.pipeline_stats
     # at most one pass is still ahead at the end (the last request stopped on a token)
     assert stats["used"] > 0 and stats["enqueued"] - stats["used"] - stats["discarded"] in (0, 1)
+    # the trace names each step that used a pass ahead and each that discarded one (but a step left with nothing to
+    # run, all its requests aborted or done), never both
+    assert sum(r.ahead for r in records) == stats["used"] and sum(r.discarded for r in records) <= stats["discarded"]
+    assert not any(r.ahead and r.discarded for r in records)
 
 
 def test_a_request_that_stops_leaves_the_pass_ahead_in_use():
@@ -94,15 +100,30 @@ def test_a_request_that_stops_leaves_the_pass_ahead_in_use():
 
     def spy(plan):
         ahead = engine._ahead
-        launched = take(plan)
+        launched, discarded = take(plan)
         if launched is not None:
             used.append((plan.num_seqs, ahead[0].plan.num_seqs))
-        return launched
+        return launched, discarded
 
     engine._take_ahead = spy
     piped, _ = drive(engine, events)
     assert piped == plain and plain["0"][1] == "stop" and len(plain["1"][0]) == 12
     assert (1, 2) in used and engine.pipeline_stats["discarded"] == 0
+
+
+def test_the_trace_names_the_pass_that_discarded_the_one_ahead():
+    """A prompt that arrives while a request decodes: the pass that takes it in discards the decode pass enqueued
+    ahead, and its record says so (what a fit of the served greedy passes reads: ``sim.validate.greedy_ratios``)."""
+    engine = make_engine(pipeline=True)
+    records = []
+    engine.trace_passes(records.append)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    drive(engine, {0: [("add", "0", [3, 4, 5, 6, 7], params)], 4: [("add", "1", [8, 9, 10], params)]})
+    discarded = [r for r in records if r.discarded]
+    assert engine.pipeline_stats["discarded"] == 1 and len(discarded) == 1
+    assert discarded[0].features.prefill_tokens == 3 and not discarded[0].ahead
+    before = records[records.index(discarded[0]) - 1]
+    assert before.path == "decode-graph" and before.features.prefill_tokens == 0
 
 
 def test_passes_ahead_cross_kv_blocks():

@@ -92,6 +92,7 @@ class PassTrace:
                 f.write(json.dumps({"kind": "pass", "start": r.start, "scheduled": r.scheduled, "launched": r.launched,
                                     "sampled": r.sampled, "updated": r.updated, "end": r.end, "sent": sent,
                                     "device_s": r.device_s, **r.features._asdict(), "path": r.path, "ahead": r.ahead,
+                                    "discarded": r.discarded,
                                     "num_outputs": r.num_outputs, "decode_contexts": decodes,
                                     "chunks": chunks}) + "\n")
             for row in self.requests:
