@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from engine.server.router import Replica, Router, Sent
+from engine.server.router import HEALTH_FAILURES, Replica, Router, Sent
 
 
 def test_a_prompt_counts_as_unstarted_until_its_first_token_is_back():
@@ -45,6 +45,34 @@ def test_a_health_report_keeps_the_prompts_a_replica_has_not_started():
         assert r1.load().kv_usage == pytest.approx(0.40)
         Sent(r0, 1500, 100)
         assert r0.load().kv_usage == pytest.approx(0.30 + 1600 / 10_000)
+        await router.client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_leaves_rotation_after_failed_checks_in_a_row_and_comes_back_on_one():
+    """One slow or failed health check (a busy API process) keeps a replica in rotation; ``HEALTH_FAILURES`` in a
+    row take it out, and the next check it passes brings it back. A request it failed takes it out at once."""
+
+    async def scenario():
+        answers = []
+
+        def health(request: httpx.Request) -> httpx.Response:
+            if answers.pop(0):
+                return httpx.Response(200, json={"status": "ok", "kv_usage": 0.0, "kv_capacity_tokens": 1000})
+            raise httpx.ReadTimeout("slow", request=request)
+
+        router = Router([Replica(0, "http://r0")])
+        router.client = httpx.AsyncClient(transport=httpx.MockTransport(health))
+        replica, = router.replicas
+        seen = []
+        for ok in (True, False, True) + (False,) * HEALTH_FAILURES + (True,):
+            answers.append(ok)
+            await router.check(replica)
+            seen.append(replica.healthy)
+        assert seen == [True, True, True] + [True] * (HEALTH_FAILURES - 1) + [False, True]
+        router.suspect(replica)
+        assert router.pick(set()) is None
         await router.client.aclose()
 
     asyncio.run(scenario())

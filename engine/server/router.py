@@ -1,7 +1,8 @@
 """Replica router (FastGen's ``replica_num``): N engine processes behind one OpenAI-compatible endpoint.
 
 The router picks a replica with ``engine.policy.load_balancer`` (the very policies the simulator's cluster uses),
-checks each replica's ``/health`` and process, and takes a failing one out of rotation. A replica process that
+checks each replica's ``/health`` and process, and takes a failing one out of rotation (``HEALTH_FAILURES`` checks
+failed in a row, or at once a request it failed or its process exiting). A replica process that
 exited (its engine died: ``splitfuse serve`` then exits 1) is restarted after a backoff (1, 2, 4 ... 30 s, at most
 ``--max-replica-restarts`` times) and comes back once its health check passes. A request that fails before the
 client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica; a
@@ -41,6 +42,10 @@ from engine.server.workers import die_with_parent
 
 RETRY_STATUSES = (429, 503)
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before the 1st, 2nd, ... restart of a replica
+# Health checks a running replica fails in a row before it leaves rotation (Kubernetes' failureThreshold): a replica
+# whose API process is busy streaming can miss one check's timeout, and one slow answer is no reason to send all
+# its share to the others. A request it fails, or its process exiting, takes it out at once.
+HEALTH_FAILURES = 3
 
 
 @dataclass
@@ -190,7 +195,8 @@ class Router:
         except (httpx.HTTPError, ValueError):
             ok = False
         replica.failures = 0 if ok else replica.failures + 1
-        replica.healthy = ok
+        if ok or replica.failures >= HEALTH_FAILURES:
+            replica.healthy = ok
 
     async def health_loop(self) -> None:
         while True:
