@@ -56,7 +56,7 @@ from calibration.serving import (
 )
 from calibration.validation_results import CELL as CELL_KEYS
 from calibration.validation_results import VIEWS, with_bounds
-from engine.policy import PassFeatures, PolicyConfig
+from engine.policy import PassFeatures, PolicyConfig, scheduler_class
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
@@ -843,18 +843,22 @@ def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dic
     temperature 0): each decode-graph step's price less its served time (step and loop) and its sampled entries,
     enqueued ahead (``kind`` "ahead") or not ("step"); and each pass that follows a decode pass ahead the engine
     discarded ("discarded"): its served time beyond its price, over the price of the decode step before it, which
-    the discarded pass repeated. The engine enqueues ahead after a greedy decode-graph step in which no request
-    reaches its last token and none will in the next, when no request waits (``Scheduler.next_decode_plan``); a pass
-    with prompt tokens after it, not run ahead, is taken for one that discarded it: a request arrived meanwhile
-    (one that waited already would have been admitted into the decode step under a decodes-first scheduler, but
-    where the batch or the KV cache was full, which a decode step alone does not show)."""
+    the discarded pass repeated. The trace names the passes that discarded one (``PassRecord.discarded``); in
+    traces from before it did, a pass with prompt tokens after a greedy decode-graph step in which no request
+    reached its last token, not run ahead, is taken for one: the engine enqueues ahead after such a step when no
+    request waits (``Scheduler.next_decode_plan``), so a request arrived meanwhile (one that waited already would
+    have been admitted into the decode step, but where the batch or the KV cache was full, which a decode step
+    alone does not show). Only under a scheduler that puts decodes first: one that does not enqueues nothing ahead
+    of a step in which a request starts a KV block, which a trace does not show either."""
     meta, runs, traces = load_measured(directory, "calibration")
     host = run_host(meta, directory, host)
     card = profile.new_heat()
     windows: dict[str, list[tuple[float, float]]] = {}
+    decodes_first = {}
     for name, m, _ in runs:
         if m.cell.temperature == 0 and traces[name] is not None:
             windows.setdefault(name, []).append(m.window)
+            decodes_first[name] = scheduler_class(m.cell.scheduler).decodes_first
     rows = []
     for name, spans in windows.items():
         trace_passes, trace_requests = traces[name]
@@ -871,8 +875,12 @@ def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dic
                 if p["path"] == "decode-graph":
                     rows.append({"host": host, "kind": "ahead" if p["ahead"] else "step",
                                  "num_samples": p["num_samples"], "saved_s": price[i] - served})
-                discarded = (before["path"] == "decode-graph" and before["end"] not in last_tokens
-                             and p["end"] not in last_tokens and not p["ahead"] and p["prefill_tokens"] > 0)
+                if "discarded" in p:
+                    discarded = p["discarded"] and p["end"] not in last_tokens
+                else:
+                    discarded = (decodes_first[name] and before["path"] == "decode-graph"
+                                 and before["end"] not in last_tokens and p["end"] not in last_tokens
+                                 and not p["ahead"] and p["prefill_tokens"] > 0)
                 if discarded:
                     rows.append({"host": host, "kind": "discarded", "ratio": (served - price[i]) / price[i - 1]})
     return rows

@@ -31,6 +31,7 @@ from sim.validate import (  # noqa: E402
     cell_prompts,
     engine_costs,
     fill_decode_max_context,
+    greedy_ratios,
     load_measured,
     make_cells,
     overload_path_factors,
@@ -866,3 +867,47 @@ def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     assert result.exit_code == 1 and "--fit-greedy: no host served 10 greedy decode-graph steps of the kind 'step'" \
         in result.output and "--temperature 0" in result.output
     assert not target.exists()
+
+
+def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
+    """The served passes a greedy fit reads: each decode step's saving, ahead or not, and what a pass that discarded
+    the step ahead took beyond its price. A trace that names discards (``PassRecord.discarded``) is read as named;
+    an older one is guessed at only under a scheduler that puts decodes first (prefill-first enqueues nothing ahead
+    of a step in which a request starts a KV block, so a prompt after a decode step need not have discarded one)."""
+
+    class Price:  # every pass 10 ms, on a card without heat
+        def new_heat(self):
+            return None
+
+        def predict(self, f, heat=0.0):
+            return 0.010
+
+    def traced(start, length, prefill, ahead=False, **named):
+        return {"start": start, "sent": start + length, "updated": start + length, "end": start + length,
+                "path": "mixed-graph" if prefill else "decode-graph", "ahead": ahead, "num_outputs": 1,
+                **dict.fromkeys(PassFeatures._fields, 1), "prefill_tokens": prefill, **named}
+
+    def write_run(directory, scheduler, named):
+        # a decode step, one ahead, a prompt's pass 4 ms over its price (discarding a step ahead), a decode step
+        passes = [traced(0.0, 0.010, 0), traced(0.010, 0.008, 0, ahead=True), traced(0.018, 0.014, 8),
+                  traced(0.032, 0.010, 0), traced(0.042, 0.010, 0)]
+        if named:  # as the engine writes them: every pass says whether it discarded one
+            for i, p in enumerate(passes):
+                p["discarded"] = i == 2
+        directory.mkdir()
+        trace = [json.dumps({"kind": "pass", **p}) for p in passes]
+        trace.append(json.dumps({"kind": "request", "id": "r", "token_times": [0.052]}))
+        (directory / f"trace-{scheduler}.jsonl").write_text("\n".join(trace) + "\n")
+        cell = Cell(scheduler, 768, "tiny", "fixed:8", "fixed:2", 1, temperature=0.0)
+        row = {"role": "calibration", "server": scheduler, "cell": dataclasses.asdict(cell), "rate": None,
+               "records": [{"id": 0, "prompt_tokens": 8, "max_tokens": 2, "response_id": "r"}], "t0": 0.0,
+               "window": [0.0, 1.0], "info": {}}
+        (directory / "measured.jsonl").write_text(json.dumps(row) + "\n")
+        return greedy_ratios(directory, Price(), host="h")
+
+    rows = write_run(tmp_path / "named", "prefill-first", named=True)
+    assert [r["kind"] for r in rows] == ["ahead", "discarded", "step"]  # the trace's first and last are not timed
+    assert rows[0]["saved_s"] == pytest.approx(0.002) and rows[1]["ratio"] == pytest.approx(0.4)
+    assert rows == write_run(tmp_path / "old", "splitfuse", named=False)
+    assert [r["kind"] for r in write_run(tmp_path / "old-prefill-first", "prefill-first", named=False)] == \
+        ["ahead", "step"]
