@@ -882,10 +882,10 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
         def predict(self, f, heat=0.0):
             return 0.010
 
-    def traced(start, length, prefill, ahead=False, **named):
+    def traced(start, length, prefill, ahead=False):
         return {"start": start, "sent": start + length, "updated": start + length, "end": start + length,
                 "path": "mixed-graph" if prefill else "decode-graph", "ahead": ahead, "num_outputs": 1,
-                **dict.fromkeys(PassFeatures._fields, 1), "prefill_tokens": prefill, **named}
+                **dict.fromkeys(PassFeatures._fields, 1), "prefill_tokens": prefill}
 
     def write_run(directory, scheduler, named):
         # a decode step, one ahead, a prompt's pass 4 ms over its price (discarding a step ahead), a decode step

@@ -2,8 +2,8 @@
 
 The router picks a replica with ``engine.policy.load_balancer`` (the very policies the simulator's cluster uses),
 checks each replica's ``/health`` and process, and takes a failing one out of rotation (``HEALTH_FAILURES`` checks
-failed in a row, or at once a request it failed or its process exiting). A replica process that
-exited (its engine died: ``splitfuse serve`` then exits 1) is restarted after a backoff (1, 2, 4 ... 30 s, at most
+failed in a row, or at once a request it failed or its process exiting). A replica process that exited (its engine
+died: ``splitfuse serve`` then exits 1) is restarted after a backoff (1, 2, 4 ... 30 s, at most
 ``--max-replica-restarts`` times) and comes back once its health check passes. A request that fails before the
 client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica; a
 stream that breaks after tokens were sent ends with an SSE error event and ``[DONE]``, never silently. On SIGTERM
