@@ -390,7 +390,8 @@ def views(measured: Measured, trace_requests: dict[str, dict] | None) -> dict[st
             "client": to_result(measured.records, measured.cell.seed)}
 
 
-def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | list[CostModel]) -> list[dict]:
+def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | list[CostModel],
+                heat_tau_s: float = HEAT_TAU_S) -> list[dict]:
     """The traced passes of each engine (``replica``) inside the cell's window, each with the profile's prediction
     (``predicted_s``; ``cost``: one for every engine or a list, ``engine_costs``) and the swept price of its prompt
     attention (``attention_s``, ``Profile.attention_seconds``; NaN for costs without one). ``pass_s`` spans what a
@@ -398,7 +399,7 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
     loop's own work (outputs, sending, commands) included, and ``serving_s`` is that work alone: both only where the
     next step began at once (else NaN: the engine went idle). ``heat``: the card's heat when the pass began
     (``calibration.serving.prefill_heats`` over the engine's whole trace, with the cost's own time constant where it
-    has a heat), which the prediction takes.
+    has a heat, else ``heat_tau_s``: that of a section being fitted on a bare profile), which the prediction takes.
 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
@@ -412,7 +413,7 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
         card = engine_cost.new_heat() if hasattr(engine_cost, "new_heat") else None
         attention = getattr(engine_cost, "attention_seconds", None)
         greedy = getattr(engine_cost, "greedy_seconds", None) if measured.cell.temperature == 0 else None
-        heats = prefill_heats(engine_passes, card.tau_s if card is not None else HEAT_TAU_S)
+        heats = prefill_heats(engine_passes, card.tau_s if card is not None else heat_tau_s)
         # the passes since the last that waited for the GPU
         run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
         for i, p in enumerate(engine_passes):
@@ -703,8 +704,8 @@ def run_host(meta: dict, directory: Path, override: str | None = None) -> str:
     return override or cards or host.get("hostname") or _folder_name(directory)
 
 
-def serving_measurements(directory: Path, cost, host: str | None = None,
-                         cells: bool = False) -> tuple[list[dict], list[dict]]:
+def serving_measurements(directory: Path, cost, host: str | None = None, cells: bool = False,
+                         heat_tau_s: float = HEAT_TAU_S) -> tuple[list[dict], list[dict]]:
     """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
@@ -715,7 +716,8 @@ def serving_measurements(directory: Path, cost, host: str | None = None,
     tenfold) and the server is lightly loaded. Each client process's first request is left out: before
     ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm. Every row names
     its ``host`` (``run_host``; ``host`` overrides the recorded one), by which the fit weighs hosts equally. With
-    ``cells``, the passes hold the cells' too (the requests do not): those a fit judged on these cells must not see."""
+    ``cells``, the passes hold the cells' too (the requests do not): those a fit judged on these cells must not see.
+    ``heat_tau_s``: the time constant of the passes' heat (``cell_passes``), the section's being fitted."""
     meta, runs, traces = load_measured(directory, "calibration")
     processes = int(meta.get("client_processes", 1))  # process p sent rows p, p + processes, ...
     host = run_host(meta, directory, host)
@@ -726,7 +728,7 @@ def serving_measurements(directory: Path, cost, host: str | None = None,
         if trace is None:
             continue
         trace_passes, trace_requests = trace
-        for p in cell_passes(m, trace_passes, cost):
+        for p in cell_passes(m, trace_passes, cost, heat_tau_s):
             passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
                            "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
@@ -1187,7 +1189,8 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
     bare = profile.with_serving(None)
     # the cells' passes too: they span the heat that overload runs, hot throughout, do not, and the batches between
     passes = [row for directory in measured
-              for row in serving_measurements(directory, bare, hosts.get(directory), cells=growth or per_sample)[0]]
+              for row in serving_measurements(directory, bare, hosts.get(directory), cells=growth or per_sample,
+                                              heat_tau_s=profile.serving.heat_tau_s)[0]]
     serving = profile.serving.with_path_growth(*fit_path_growth(passes, profile.serving, paths)) if growth \
         else profile.serving
     if per_sample:

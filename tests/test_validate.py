@@ -846,6 +846,16 @@ def test_level_growth_fits_a_paths_heat_and_attention_on_the_cells_too(run, tmp_
         {p: v for p, v in served.serving.heat_scale.items() if p != path}
 
 
+def test_a_sections_fit_takes_its_own_heat_time_constant(run):
+    """A section being fitted on a bare profile has no heat of its own to time the passes' heat by: the fit names
+    its time constant, which moves each pass's heat and nothing else."""
+    out, _ = run
+    bare = load_profile(out / "served.json").with_serving(None)
+    fast, slow = (pd.DataFrame(serving_measurements(out, bare, cells=True, heat_tau_s=tau)[0]) for tau in (0.1, 2.0))
+    assert fast.drop(columns="heat").equals(slow.drop(columns="heat"))
+    assert (fast["heat"] != slow["heat"]).mean() > 0.5 and slow["heat"].between(0.0, 1.0).all()
+
+
 def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
     """--level-per-sample fits the served step's work per sampled entry on the graph paths; a CPU run serves every
     pass eager, so it stops with an error that names what is missing, and writes nothing."""
