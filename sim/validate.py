@@ -1139,9 +1139,10 @@ def overload_path_factors(directory: Path, cost: CostModel,
     Passes with prompt tokens count at any size: they are the same chunks and prompts at every load. Decode steps
     alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
     than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
-    VALIDATION.md``, twenty-third and twenty-ninth rounds). Decode steps enqueued ahead (greedy runs) do not count:
-    their host work hid behind the step before, which the profile's greedy section prices, not the host; a greedy
-    pass not ahead counts at its greedy price (``cell_passes``)."""
+    VALIDATION.md``, twenty-third and twenty-ninth rounds). A greedy run's passes count at their greedy prices
+    (``cell_passes``), decode steps enqueued ahead too: they are 70-97% of a greedy cell's decode steps, while an
+    overload run holds only about 140 not ahead of up to that batch, which misread a card by up to 5% (forty-second
+    round)."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     engines = 0
@@ -1150,7 +1151,7 @@ def overload_path_factors(directory: Path, cost: CostModel,
             continue
         engines = max(engines, len(traces[name][0]))
         for row in cell_passes(m, traces[name][0], ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])):
-            if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])) or row["ahead"]:
+            if not (np.isfinite(row["loop_s"]) and np.isfinite(row["predicted_s"])):
                 continue
             if row["prefill_tokens"] or row["num_seqs"] <= decode_max_seqs:
                 key = (row["replica"], scale_path(row["path"], row["decode_tokens"]))

@@ -21,7 +21,7 @@ from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.serving import NOISE_QUANTILES, PATHS, scale_path  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
-from sim.costs import mean_noise_factor  # noqa: E402
+from sim.costs import ConstantCost, mean_noise_factor  # noqa: E402
 from sim.validate import (  # noqa: E402
     OVERLOAD_DECODE_MAX_SEQS,
     STEADY_COMPLETIONS,
@@ -877,6 +877,35 @@ def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     assert result.exit_code == 1 and "--fit-greedy: no host served 10 greedy decode-graph steps of the kind 'step'" \
         in result.output and "--temperature 0" in result.output
     assert not target.exists()
+
+
+def test_a_greedy_overload_run_reads_its_card_on_every_decode_step(tmp_path):
+    """A card's factor from a greedy overload run counts each decode step at its greedy price, those enqueued ahead
+    too: they are most of a greedy cell's steps."""
+
+    class Price(ConstantCost):  # every pass 10 ms; a step ahead priced at 8
+        def greedy_seconds(self, f, kind, price):
+            return 0.8 * price if kind == "ahead" else None
+
+    passes, start = [], 0.0
+    for i in range(60):  # alternately not ahead (on its price) and ahead (10% over its price)
+        ahead = i % 2 == 1
+        length = 0.0088 if ahead else 0.010
+        passes.append({"start": start, "sent": start + length, "updated": start + length, "end": start + length,
+                       "path": "decode-graph", "ahead": ahead, "num_outputs": 1,
+                       **dict.fromkeys(PassFeatures._fields, 1), "prefill_tokens": 0})
+        start += length
+    trace = [json.dumps({"kind": "pass", **p}) for p in passes]
+    (tmp_path / "trace-splitfuse.jsonl").write_text("\n".join(trace) + "\n")
+    cell = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1, temperature=0.0)  # no load: the overload run
+    row = {"role": "calibration", "server": "splitfuse", "cell": dataclasses.asdict(cell), "rate": 10.0,
+           "records": [], "t0": 0.0, "window": [0.0, 1.0], "info": {"kv_total_blocks": 64, "max_model_len": 64}}
+    (tmp_path / "measured.jsonl").write_text(json.dumps(row) + "\n")
+    (factors,) = overload_path_factors(tmp_path, Price(0.010))
+    timed_ahead, timed_not = 29, 30  # the last pass (ahead) has no next one to end its loop
+    served = timed_ahead * 0.0088 + timed_not * 0.010
+    assert factors["decode-graph"] == pytest.approx(served / (timed_ahead * 0.008 + timed_not * 0.010))
+    assert factors["decode-graph"] > 1.04  # the steps ahead run 10% over, the others on their price
 
 
 def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
