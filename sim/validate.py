@@ -1140,7 +1140,7 @@ def overload_path_factors(directory: Path, cost: CostModel,
     alone count up to ``decode_max_seqs`` sequences (0: none): an overload run's largest decode batches are larger
     than any cell's below saturation, and their error there is the batch's, not the host's (``calibration/
     VALIDATION.md``, twenty-third and twenty-ninth rounds). A greedy run's passes count at their greedy prices
-    (``cell_passes``), decode steps enqueued ahead too: they are 70-97% of a greedy cell's decode steps, while an
+    (``cell_passes``), decode steps enqueued ahead too: they are 69-98% of a greedy cell's decode steps, while an
     overload run holds only about 140 not ahead of up to that batch, which misread a card by up to 5% (forty-second
     round)."""
     _, runs, traces = load_measured(directory, "calibration")
