@@ -1142,7 +1142,9 @@ def overload_path_factors(directory: Path, cost: CostModel,
     VALIDATION.md``, twenty-third and twenty-ninth rounds). A greedy run's passes count at their greedy prices
     (``cell_passes``), decode steps enqueued ahead too: they are 69-98% of a greedy cell's decode steps, while an
     overload run holds only about 140 not ahead of up to that batch, which misread a card by up to 5% (forty-second
-    round)."""
+    round). An engine that ran mixed graph passes (splitfuse) takes their factor for its decode steps too: its
+    overload run steps decodes alone only while the first batch fills and the last drains, where they misread the
+    card by up to 4%, and its mixed passes run all through."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     engines = 0
@@ -1159,8 +1161,12 @@ def overload_path_factors(directory: Path, cost: CostModel,
                 predicted[key] = predicted.get(key, 0.0) + row["predicted_s"]
                 count[key] = count.get(key, 0) + 1
     mean = mean_noise_factor(cost)  # a simulated pass takes its median times the spread's mean: the host's excess
-    return [{path: served[e, path] / (mean * predicted[e, path]) for e, path in sorted(served)
-             if e == engine and count[e, path] >= MIN_PATH_PASSES} for engine in range(engines)]
+    factors = [{path: served[e, path] / (mean * predicted[e, path]) for e, path in sorted(served)
+                if e == engine and count[e, path] >= MIN_PATH_PASSES} for engine in range(engines)]
+    for paths in factors:
+        if "mixed-graph" in paths and "decode-graph" in paths:
+            paths["decode-graph"] = paths["mixed-graph"]
+    return factors
 
 
 def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):

@@ -879,6 +879,26 @@ def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     assert not target.exists()
 
 
+def _overload_factors(directory, kinds, cost, temperature=1.0):
+    """``overload_path_factors`` of a hand-made overload run whose passes follow one another: (path, ahead,
+    seconds) each, a prompt's pass on the mixed graph."""
+    passes, start = [], 0.0
+    for path, ahead, seconds in kinds:
+        passes.append({"start": start, "sent": start + seconds, "updated": start + seconds, "end": start + seconds,
+                       "path": path, "ahead": ahead, "num_outputs": 1, **dict.fromkeys(PassFeatures._fields, 1),
+                       "prefill_tokens": 8 if path == "mixed-graph" else 0})
+        start += seconds
+    directory.mkdir()
+    trace = [json.dumps({"kind": "pass", **p}) for p in passes]
+    (directory / "trace-splitfuse.jsonl").write_text("\n".join(trace) + "\n")
+    cell = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1, temperature=temperature)  # no load: overload
+    row = {"role": "calibration", "server": "splitfuse", "cell": dataclasses.asdict(cell), "rate": 10.0,
+           "records": [], "t0": 0.0, "window": [0.0, start], "info": {"kv_total_blocks": 64, "max_model_len": 64}}
+    (directory / "measured.jsonl").write_text(json.dumps(row) + "\n")
+    (factors,) = overload_path_factors(directory, cost)
+    return factors
+
+
 def test_a_greedy_overload_run_reads_its_card_on_every_decode_step(tmp_path):
     """A card's factor from a greedy overload run counts each decode step at its greedy price, those enqueued ahead
     too: they are most of a greedy cell's steps."""
@@ -887,25 +907,24 @@ def test_a_greedy_overload_run_reads_its_card_on_every_decode_step(tmp_path):
         def greedy_seconds(self, f, kind, price):
             return 0.8 * price if kind == "ahead" else None
 
-    passes, start = [], 0.0
-    for i in range(60):  # alternately not ahead (on its price) and ahead (10% over its price)
-        ahead = i % 2 == 1
-        length = 0.0088 if ahead else 0.010
-        passes.append({"start": start, "sent": start + length, "updated": start + length, "end": start + length,
-                       "path": "decode-graph", "ahead": ahead, "num_outputs": 1,
-                       **dict.fromkeys(PassFeatures._fields, 1), "prefill_tokens": 0})
-        start += length
-    trace = [json.dumps({"kind": "pass", **p}) for p in passes]
-    (tmp_path / "trace-splitfuse.jsonl").write_text("\n".join(trace) + "\n")
-    cell = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1, temperature=0.0)  # no load: the overload run
-    row = {"role": "calibration", "server": "splitfuse", "cell": dataclasses.asdict(cell), "rate": 10.0,
-           "records": [], "t0": 0.0, "window": [0.0, 1.0], "info": {"kv_total_blocks": 64, "max_model_len": 64}}
-    (tmp_path / "measured.jsonl").write_text(json.dumps(row) + "\n")
-    (factors,) = overload_path_factors(tmp_path, Price(0.010))
+    # alternately not ahead (on its price) and ahead (10% over its price)
+    kinds = [("decode-graph", i % 2 == 1, 0.0088 if i % 2 else 0.010) for i in range(60)]
+    factors = _overload_factors(tmp_path / "greedy", kinds, Price(0.010), temperature=0.0)
     timed_ahead, timed_not = 29, 30  # the last pass (ahead) has no next one to end its loop
     served = timed_ahead * 0.0088 + timed_not * 0.010
     assert factors["decode-graph"] == pytest.approx(served / (timed_ahead * 0.008 + timed_not * 0.010))
     assert factors["decode-graph"] > 1.04  # the steps ahead run 10% over, the others on their price
+
+
+def test_a_splitfuse_card_reads_its_decode_steps_by_its_mixed_passes(tmp_path):
+    """An overload run's decode steps alone (the first batch filling, the last draining) misread a splitfuse card:
+    where the engine ran mixed graph passes, its decode steps take their factor; without any, their own."""
+    decodes = [("decode-graph", False, 0.011)] * 30  # 10% over their price
+    mixed = [("mixed-graph", False, 0.0102)] * 30  # 2% over
+    assert _overload_factors(tmp_path / "decodes", decodes, ConstantCost(0.010)) == \
+        {"decode-graph": pytest.approx(1.1)}
+    factors = _overload_factors(tmp_path / "splitfuse", decodes + mixed + decodes, ConstantCost(0.010))
+    assert factors == {"decode-graph": pytest.approx(1.02), "mixed-graph": pytest.approx(1.02)}
 
 
 def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
