@@ -195,6 +195,11 @@ class PassModel:
         b = self._buckets
         return "mixed-graph" if b and S < T <= b[-1] else "eager"
 
+    def bucket(self, f: PassFeatures) -> int:
+        """The tokens of the graph a mixed-graph pass of features ``f`` replays (its padded count); 0 for others."""
+        b = self._buckets
+        return b[bisect.bisect_left(b, f.num_tokens)] if b and f.num_seqs < f.num_tokens <= b[-1] else 0
+
     def predict(self, f: PassFeatures) -> float:
         path = self.path(f)
         if path == "decode-graph":

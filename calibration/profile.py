@@ -7,8 +7,9 @@ version 7) knees in its attention terms, (from version 8) the card's heat in the
 how the card's measured hosts differ from it (``calibration.host_spread``), (from version 12) a scale of its own
 for graph passes of prompts alone, (from version 13) a scale of the served prompt attention and (from version 15)
 the served passes' spread, (from version 16) the served step's work per sampled entry and (from version 17) greedy
-passes (from version 18 at their price less what they save, a line in their sampled entries). All are optional,
-and files of versions 2 to 17 still load (but for version 17's greedy section, which is refused, named).
+passes (from version 18 at their price less what they save, a line in their sampled entries) and (from version
+19) a factor per mixed-graph bucket. All are optional, and files of versions 2 to 18 still load (but for version
+17's greedy section, which is refused, named).
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -49,12 +50,14 @@ FORMAT = "splitfuse-profile"
 # 13: the serving section's paths may grow their prompt attention ("attention_scale"); 14: passes with prompt
 # tokens may pay for their decodes' spread of contexts (the serving section's "mixed_spread_s"); 15: the serving
 # section may carry the served passes' spread ("noise_q"), which the simulator then draws from; 16: the serving
-# section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s").
+# section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s"); 17, 18: greedy
+# passes (``calibration.serving``); 19: a factor per mixed-graph bucket on the serving section's scale
+# ("bucket_scale").
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
-VERSION = 18
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
+VERSION = 19
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -100,7 +103,8 @@ class Profile:
         attention = serving.attention_scale[path]
         if attention:
             step += attention * self.model.attention_seconds(f)
-        return (serving.step_seconds(path, step, f.num_samples, heat) + serving.loop_seconds(f.num_samples)
+        bucket = self.model.bucket(f) if serving.bucket_scale else 0
+        return (serving.step_seconds(path, step, f.num_samples, heat, bucket) + serving.loop_seconds(f.num_samples)
                 + serving.spread_seconds(f))
 
     def greedy_seconds(self, f: PassFeatures, kind: str, price: float) -> float | None:

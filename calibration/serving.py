@@ -62,6 +62,13 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   ``ahead_saved_per_sample_s`` x entries less. A step enqueued ahead and discarded (a prompt arrived) adds
   ``discarded`` of its price to the pass after it (``fit_greedy``). Older sections have none: greedy passes are
   priced as sampled ones.
+- the graph bucket a mixed pass pads to (from profile version 19): ``bucket_scale``, per mixed-graph path, a factor
+  per bucket of tokens on the path's scale. The sweep times every bucket, but the cost model is one line in the
+  padded tokens and the served scale one number, fitted where served passes mostly are (the budget's bucket).
+  Served, the buckets' pattern around that line repeats from card to card (a pass of a small bucket runs 5-8% over
+  a full chunk's level, one of 240 tokens 13%; ``calibration/VALIDATION.md``, forty-third round), which a factor per
+  bucket, each host's median over its path's median, then the median over hosts, carries (``fit_bucket_scales``,
+  ``--level-buckets``). Older sections have none: every bucket at the path's scale.
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
@@ -80,6 +87,7 @@ PATHS = ("decode-graph", "mixed-graph", "eager", "eager-prefill", "mixed-prefill
 # A path priced apart from a later profile version, and the path whose scale (and heat) priced it before.
 PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
+BUCKET_PATHS = ("mixed-graph", "mixed-prefill")  # the paths whose passes replay a graph of a token bucket
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
            "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
 # a greedy graph pass as it runs: on its own, or a decode step enqueued ahead; and a discarded one, before the next
@@ -143,6 +151,29 @@ def prefill_heats(passes: Sequence[Mapping], tau_s: float = HEAT_TAU_S) -> list[
     return heats
 
 
+def _bucket_scales(scales: Mapping) -> dict[str, dict[int, float]]:
+    """{path: {bucket: factor}} of a section's ``bucket_scale`` (buckets as JSON keys too), each checked."""
+    if not isinstance(scales, Mapping):
+        raise ValueError(f"serving bucket_scale must be an object of paths, got {scales!r}")
+    out = {}
+    for path, factors in scales.items():
+        if path not in BUCKET_PATHS:
+            raise ValueError(f"serving bucket_scale: path {path!r} replays no bucketed graph; paths are "
+                             f"{', '.join(BUCKET_PATHS)}")
+        if not isinstance(factors, Mapping):
+            raise ValueError(f"serving bucket_scale[{path}] must be an object of buckets, got {factors!r}")
+        out[path] = {}
+        for bucket, factor in factors.items():
+            try:
+                tokens = int(bucket)
+            except (TypeError, ValueError):
+                tokens = 0
+            if tokens <= 0 or str(tokens) != str(bucket):
+                raise ValueError(f"serving bucket_scale[{path}]: bucket {bucket!r} must be a positive token count")
+            out[path][tokens] = _check(f"bucket_scale[{path}][{bucket}]", factor, 1e-3)
+    return out
+
+
 def _check(name: str, value, low: float = 0.0) -> float:
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and value >= low):
@@ -161,7 +192,7 @@ class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
     __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
-                 "noise_q", "greedy", "_delivery_base")
+                 "noise_q", "greedy", "bucket_scale", "_delivery_base")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -171,7 +202,8 @@ class ServingModel:
                  loop_knee: float = 0.0, per_sample_above_knee_s: float = 0.0,
                  attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
                  noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0,
-                 greedy: Mapping[str, float] | None = None) -> None:
+                 greedy: Mapping[str, float] | None = None,
+                 bucket_scale: Mapping[str, Mapping] | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -213,6 +245,7 @@ class ServingModel:
             raise ValueError(f"serving greedy needs exactly the keys {', '.join(GREEDY_KEYS)}, got "
                              f"{', '.join(sorted(greedy))}")
         self.greedy = {k: _check(f"greedy[{k}]", v) for k, v in greedy.items()} or None
+        self.bucket_scale = _bucket_scales(bucket_scale or {})
         self.fit = dict(fit or {})
 
     @property
@@ -224,12 +257,14 @@ class ServingModel:
         """Served step / swept step on ``path`` (``scale_path``) at ``heat`` (``PrefillHeat``)."""
         return self.path_scale[path] + self.heat_scale[path] * heat
 
-    def step_seconds(self, path: str, step: float, num_samples: int, heat: float = 0.0) -> float:
+    def step_seconds(self, path: str, step: float, num_samples: int, heat: float = 0.0, bucket: int = 0) -> float:
         """The served step on ``path`` of a pass the sweep priced at ``step`` seconds that sampled ``num_samples``
-        entries, on a card of that ``heat``. The work per sampled entry is the graph paths' (``GRAPH_PATHS``), where
-        it is fitted; the eager paths' levels carry theirs."""
+        entries, on a card of that ``heat``, padded to a graph of ``bucket`` tokens (0: none). The work per sampled
+        entry is the graph paths' (``GRAPH_PATHS``), where it is fitted; the eager paths' levels carry theirs."""
         per_sample = self.step_per_sample_s * num_samples if path in GRAPH_PATHS else 0.0
-        return self.scale(path, heat) * step + per_sample
+        buckets = self.bucket_scale.get(path)
+        scale = self.scale(path, heat) * (buckets.get(bucket, 1.0) if buckets else 1.0)
+        return scale * step + per_sample
 
     def greedy_seconds(self, kind: str, price: float, num_samples: int) -> float | None:
         """A served graph pass whose ``num_samples`` entries all take their argmax, priced ``price`` seconds as a
@@ -274,7 +309,9 @@ class ServingModel:
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
                 **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {}),
-                **({"greedy": self.greedy} if self.greedy else {})}
+                **({"greedy": self.greedy} if self.greedy else {}),
+                **({"bucket_scale": {path: {str(b): f for b, f in factors.items()}
+                                     for path, factors in self.bucket_scale.items()}} if self.bucket_scale else {})}
 
     def with_noise(self, noise_q: Sequence[float], fit: Mapping | None = None) -> ServingModel:
         """This section with ``noise_q`` as its served passes' spread (``served_noise``) and ``fit`` (how it was
@@ -312,13 +349,21 @@ class ServingModel:
         return ServingModel.from_dict({**d, "greedy": dict(greedy),
                                        "fit": {**d["fit"], "greedy": dict(fit or {})}})
 
+    def with_bucket_scale(self, scales: Mapping[str, Mapping[int, float]], fit: Mapping | None = None) -> ServingModel:
+        """This section with ``scales`` as its mixed paths' factors per graph bucket (``fit_bucket_scales``; a path
+        not in ``scales`` keeps its own) and ``fit`` under the fit's "buckets"."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "bucket_scale": {**d.get("bucket_scale", {}), **scales},
+                                       "fit": {**d["fit"], "buckets": dict(fit or {})}})
+
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
         prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry,
-        before 17 no greedy decode steps (priced as sampled ones). Version 17's ``greedy_scale`` priced a step
-        ahead as a share of its price, which the host work it hides is not: such a section is refused, named."""
+        before 17 no greedy decode steps (priced as sampled ones), before 19 no factor per graph bucket. Version 17's
+        ``greedy_scale`` priced a step ahead as a share of its price, which the host work it hides is not: such a
+        section is refused, named."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         if "greedy_scale" in d:
@@ -327,7 +372,7 @@ class ServingModel:
                              "it saves (greedy): refit it on the greedy runs with `splitfuse validate --fit-greedy`, "
                              "or drop it to price greedy passes as sampled ones")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
-                                             "attention_scale", "fit", "noise_q", "greedy")]
+                                             "attention_scale", "fit", "noise_q", "greedy", "bucket_scale")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
@@ -410,10 +455,10 @@ def _level_passes(passes, paths: Sequence[str] | None):
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "spread_tokens", "heat",
-                                           "host", "attention_s", "prefill_tokens"])
-    numbers = ["pass_s", "model_s", "num_samples", "spread_tokens", "heat", "attention_s", "prefill_tokens"]
+                                           "host", "attention_s", "prefill_tokens", "bucket"])
+    numbers = ["pass_s", "model_s", "num_samples", "spread_tokens", "heat", "attention_s", "prefill_tokens", "bucket"]
     passes[numbers] = passes[numbers].astype(float).fillna({"spread_tokens": 0.0, "heat": 0.0, "attention_s": 0.0,
-                                                            "prefill_tokens": 0.0})
+                                                            "prefill_tokens": 0.0, "bucket": 0.0})
     passes["host"] = passes["host"].astype(object).fillna("")
     unknown = sorted(set(paths or ()) - set(PATHS))
     if unknown:
@@ -434,7 +479,8 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
-    model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
+    model_s = (passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]) \
+        * _bucket_factors(passes, serving)
     served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
     rows = _finite_rows(passes.assign(ratio=served / model_s), "ratio", "heat")
     levels, fit = {}, {}
@@ -448,6 +494,51 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     if not levels:
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
     return levels, fit
+
+
+def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tuple[dict[str, dict[int, float]], dict]:
+    """({path: {bucket: factor}}, fit summary) of the mixed-graph paths (``BUCKET_PATHS``) on ``serving``'s scale:
+    each host's median of served / priced step in a bucket over its median in every bucket of the path (so the
+    path's level keeps its meaning), then the median over the hosts with ``min_count`` passes in that bucket, each
+    host weighing as one. The priced step is the section's (its level, heat growth and attention scale; its work per
+    sampled entry taken off the served step), without factors per bucket. Rows as ``fit_path_levels`` takes, with
+    ``bucket`` (``PassModel.bucket``; 0: a row of several passes, not counted). Passes as ``_level_passes`` keeps."""
+    too_few = f"no mixed-graph path has {min_count} passes of a bucket on a host to fit its factor on"
+    passes = _level_passes(passes, BUCKET_PATHS)
+    passes = passes[passes["bucket"] > 0]
+    if passes.empty:  # (an empty frame's columns lose their number types)
+        raise ValueError(too_few)
+    model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
+    priced = model_s * (passes["path"].map(serving.path_scale) + passes["path"].map(serving.heat_scale)
+                        * passes["heat"])
+    served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
+    rows = _finite_rows(passes.assign(ratio=served / priced), "ratio")
+    scales, fit = {}, {}
+    for path, part in rows.groupby("path"):
+        per_host = {}
+        for host, g in part.groupby("host"):
+            if len(g) < min_count:
+                continue
+            level = float(np.median(g["ratio"]))
+            per_host[host] = {int(b): float(np.median(gb["ratio"])) / level
+                              for b, gb in g.groupby("bucket") if len(gb) >= min_count}
+        buckets = sorted({b for factors in per_host.values() for b in factors})
+        if not buckets:
+            continue
+        scales[path] = {b: float(np.median([f[b] for f in per_host.values() if b in f])) for b in buckets}
+        fit[path] = {"n": int(len(part)), "hosts": len(per_host),
+                     "bucket_hosts": {str(b): sum(b in f for f in per_host.values()) for b in buckets}}
+    if not scales:
+        raise ValueError(too_few)
+    return scales, fit
+
+
+def _bucket_factors(passes, serving: ServingModel) -> np.ndarray:
+    """The section's factor per graph bucket of each row of ``passes`` (a frame with ``path`` and ``bucket``)."""
+    if not serving.bucket_scale:
+        return np.ones(len(passes))
+    return np.array([serving.bucket_scale.get(path, {}).get(int(b), 1.0)
+                     for path, b in zip(passes["path"], passes["bucket"])])
 
 
 def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | None = None,

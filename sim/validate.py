@@ -732,6 +732,7 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
             passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
                            "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
+                           "bucket": cost.model.bucket(PassFeatures.from_mapping(p)) if p["passes"] == 1 else 0,
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["decode_context"],
                                                                  p["decode_max_context"])})
         if is_cell:
@@ -1207,6 +1208,22 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
     return with_measured_hosts(moved, measured, hosts)
 
 
+def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+    """``profile`` with its mixed paths' factors per graph bucket (``calibration.serving.fit_bucket_scales``) around
+    the section's levels, which stay, measured on the ``measured`` runs' warm-up, overload and cell passes (the
+    small buckets are a prompt's remainder, a few a run), and those runs' hosts recorded again."""
+    from calibration.serving import fit_bucket_scales
+
+    if profile.serving is None:
+        raise ValueError("the profile has no serving section whose paths to price per bucket")
+    bare = profile.with_serving(None)
+    passes = [row for directory in measured
+              for row in serving_measurements(directory, bare, hosts.get(directory), cells=True,
+                                              heat_tau_s=profile.serving.heat_tau_s)[0]]
+    serving = profile.serving.with_bucket_scale(*fit_bucket_scales(passes, profile.serving))
+    return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
+
+
 def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
@@ -1323,6 +1340,11 @@ def _command():
                        "price (the median over hosts, the cells' passes included: judge the result on other runs), "
                        "then the levels at it: for cards whose served step grows with the batch faster than the "
                        "sweep's.")
+    @click.option("--fit-buckets", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with its mixed-graph paths priced per graph bucket: each bucket's factor "
+                       "on the path's scale, the median over hosts of served / priced in that bucket over the "
+                       "host's median (the cells' passes included: judge the result on other runs), the levels and "
+                       "the rest of the section kept; records the runs' hosts again and compares with that.")
     @click.option("--fit-greedy", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the profile with its greedy graph passes priced (one on its own or a decode step "
                        "enqueued ahead: its price less what it saves, the sampling it skips and the host work it "
@@ -1349,7 +1371,7 @@ def _command():
                  saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
                  measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, level_per_sample,
-                 fit_greedy, record_hosts,
+                 fit_greedy, fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1371,7 +1393,8 @@ def _command():
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),
-                            ("--fit-noise", fit_noise), ("--fit-levels", fit_levels), ("--fit-greedy", fit_greedy)):
+                            ("--fit-noise", fit_noise), ("--fit-levels", fit_levels), ("--fit-greedy", fit_greedy),
+                            ("--fit-buckets", fit_buckets)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and not isinstance(cost, Profile):
@@ -1452,12 +1475,17 @@ def _command():
                 f"us a sampled entry ({fit[kind]['steps']} steps, {len(fit[kind]['hosts'])} hosts)"
                 for kind in ("step", "ahead")) + f"; discarded, {greedy['discarded']:.4f} of its price added to the "
                 f"next pass ({fit['discarded']['steps']} passes); wrote {fit_greedy}")
+        if fit_buckets:
+            cost = _fitted("--fit-buckets", fit_buckets, with_bucket_scales, cost, measured, hosts)
+            click.echo("served / priced per graph bucket: " + "; ".join(
+                f"{path} " + ", ".join(f"{b} {f:.3f}" for b, f in factors.items())
+                for path, factors in cost.serving.bucket_scale.items()) + f"; wrote {fit_buckets}")
         if record_hosts:
             cost = _fitted("--record-hosts", record_hosts, with_measured_hosts, cost, measured, hosts)
-        if fit_serving or record_hosts or fit_levels:
+        if fit_serving or record_hosts or fit_levels or fit_buckets:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
-                       f"wrote {fit_serving or record_hosts or fit_levels}")
+                       f"wrote {fit_serving or record_hosts or fit_levels or fit_buckets}")
         if host_margin:
             cost = SlowerHost(cost, 1 + host_margin)
         own_hosts = {directory: overload_path_factors(directory, cost) for directory in measured} \

@@ -15,6 +15,7 @@ from calibration.serving import (
     PrefillHeat,
     ServingModel,
     decode_spread_tokens,
+    fit_bucket_scales,
     fit_path_growth,
     fit_path_levels,
     fit_serving,
@@ -23,7 +24,7 @@ from calibration.serving import (
     scale_path,
     served_noise,
 )
-from engine.policy import BatchPlan, PolicyConfig, plan_features
+from engine.policy import BatchPlan, PassFeatures, PolicyConfig, plan_features
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import ConstantCost, mean_noise_factor
 from sim.workload import RequestTable
@@ -270,7 +271,7 @@ def test_a_hot_card_slows_the_simulated_passes():
     """A profile whose passes run 20% slower per unit of heat: a replica fed prompts back to back heats up and its
     requests take longer than under the same section without heat; without heat the replica keeps none."""
     profile = load_profile("llama-2-7b-h200")
-    section = profile.serving.to_dict()
+    section = {**profile.serving.to_dict(), "bucket_scale": {}}  # every bucket at the path's scale
     hot = profile.with_serving(ServingModel.from_dict({**section, "heat_scale": {p: 0.2 for p in PATHS}}))
     flat = profile.with_serving(ServingModel.from_dict({**section, "heat_scale": {}}))
     assert flat.new_heat() is None and hot.new_heat().tau_s == section["heat_tau_s"]
@@ -291,7 +292,7 @@ def test_a_pass_of_prompts_alone_has_a_scale_of_its_own(base, alone, prompt):
     (and heat); a section from before prices it at the base path's, as it did."""
     assert [scale_path(base, 0), scale_path(base, 3), scale_path("decode-graph", 0)] == [alone, base, "decode-graph"]
     profile = load_profile("llama-2-7b-h200")
-    section = {**profile.serving.to_dict(), "attention_scale": {}}  # the step as the sweep prices it
+    section = {**profile.serving.to_dict(), "attention_scale": {}, "bucket_scale": {}}  # the step as swept
     older = {**section, "path_scale": {p: v for p, v in section["path_scale"].items() if p != alone},
              "heat_scale": {p: v for p, v in section["heat_scale"].items() if p != alone}}
     before = ServingModel.from_dict(older)
@@ -556,7 +557,7 @@ def test_a_chunk_on_a_deep_prefix_is_priced_with_its_attention_grown():
     """Served, a pass costs scale x (swept + attention_scale x its swept prefix attention): a chunk on a deep prefix
     grows by more than a prompt alone of the same tokens, and a decode step not at all."""
     profile = load_profile("llama-2-7b-h200")
-    section = profile.serving.to_dict()
+    section = {**profile.serving.to_dict(), "bucket_scale": {}}  # every bucket at the path's scale
     grown = profile.with_serving(ServingModel.from_dict(
         {**section, "attention_scale": {"mixed-graph": 0.3, "mixed-prefill": 0.3}}))
     flat = profile.with_serving(ServingModel.from_dict({**section, "attention_scale": {}}))
@@ -571,3 +572,74 @@ def test_a_chunk_on_a_deep_prefix_is_priced_with_its_attention_grown():
             0.3 * flat.serving.scale("mixed-graph", 0.5) * profile.attention_seconds(f))
     assert profile.attention_seconds(deep) > 3 * profile.attention_seconds(alone) > 0
     assert profile.attention_seconds(decode) == 0 and grown.predict(decode) == flat.predict(decode)
+
+
+def test_a_mixed_pass_is_priced_by_its_graph_bucket():
+    """Two hosts at mixed-graph levels 0.90 and 1.00 ran passes of the 768-token bucket on their level and those of
+    the 256 bucket 8% over it (one rarer bucket, 512, on one host only): each bucket's factor is over the host's own
+    median, so the levels keep their meaning and a bucket seen on fewer than 10 passes of a host gets none. The price
+    of a pass in a bucket grows by its factor, other buckets and paths keep theirs, and the section keeps the factors
+    through its dict (JSON keys)."""
+    rng = np.random.default_rng(11)
+    section = ServingModel(path_scale={"mixed-graph": 0.95, "mixed-prefill": 0.97})
+
+    def host(name: str, level: float, extra: tuple = ()) -> dict:
+        buckets = np.array([768] * 300 + [256] * 60 + list(extra))
+        n = len(buckets)
+        swept = np.where(buckets == 768, 0.02, 0.008)
+        served = level * swept * np.where(buckets == 256, 1.08, 1.0) * (1 + rng.normal(0, 0.003, n))
+        return {"path": ["mixed-graph"] * n, "model_s": swept, "attention_s": np.zeros(n), "heat": np.zeros(n),
+                "host": [name] * n, "pass_s": served, "num_samples": np.full(n, 4), "prefill_tokens": np.full(n, 200),
+                "bucket": buckets}
+
+    passes = joined(host("a", 0.90, (512,) * 12), host("b", 1.00, (512,) * 5))
+    scales, fit = fit_bucket_scales(passes, section)
+    assert scales == {"mixed-graph": {256: pytest.approx(1.08, abs=0.005), 512: pytest.approx(1.0, abs=0.03),
+                                      768: pytest.approx(1.0, abs=0.005)}}
+    assert fit["mixed-graph"]["hosts"] == 2 and fit["mixed-graph"]["bucket_hosts"] == {"256": 2, "512": 1, "768": 2}
+    priced = ServingModel.from_dict(section.with_bucket_scale(scales, fit).to_dict())
+    assert priced.bucket_scale == scales and priced.fit["buckets"] == fit
+    assert priced.step_seconds("mixed-graph", 0.01, 4, bucket=256) == pytest.approx(0.95 * scales["mixed-graph"][256]
+                                                                                  * 0.01)
+    assert priced.step_seconds("mixed-graph", 0.01, 4, bucket=128) == pytest.approx(0.95 * 0.01)
+    assert priced.step_seconds("mixed-prefill", 0.01, 0, bucket=256) == pytest.approx(0.97 * 0.01)
+    # rows of several passes (bucket 0) and other paths do not count
+    with pytest.raises(ValueError, match="no mixed-graph path has 10 passes of a bucket"):
+        fit_bucket_scales({**passes, "bucket": np.zeros(len(passes["bucket"]))}, section)
+
+
+@pytest.mark.parametrize("scales, message", [
+    ({"decode-graph": {"256": 1.1}}, "path 'decode-graph' replays no bucketed graph"),
+    ({"mixed-graph": {"0": 1.1}}, "bucket '0' must be a positive token count"),
+    ({"mixed-graph": {"2.5e2": 1.1}}, "bucket '2.5e2' must be a positive token count"),
+    ({"mixed-graph": {"256": 0.0}}, r"bucket_scale\[mixed-graph\]\[256\] must be a finite number"),
+    ({"mixed-graph": [1.1]}, "must be an object of buckets"),
+])
+def test_a_damaged_bucket_scale_is_named(scales, message):
+    with pytest.raises(ValueError, match=message):
+        ServingModel.from_dict({**ServingModel().to_dict(), "bucket_scale": scales})
+
+
+def test_a_profile_prices_a_mixed_pass_at_its_buckets_factor():
+    """The shipped llama-2-7b profile, its buckets at the path's scale but for a factor on the 256-token one: a
+    mixed-graph pass padded to 256 costs that much more served step (its loop and spread unchanged), one padded to
+    512 as before; the shipped profile prices its buckets (the 240-token one dearest)."""
+    shipped = load_profile("llama-2-7b-h200-bf16")
+    profile = shipped.with_serving(ServingModel.from_dict({**shipped.serving.to_dict(), "bucket_scale": {}}))
+    grown = profile.with_serving(profile.serving.with_bucket_scale({"mixed-graph": {256: 1.1}}))
+
+    def mixed(tokens: int, decodes: int = 8) -> PassFeatures:
+        return PassFeatures(num_tokens=tokens, prefill_tokens=tokens - decodes, decode_tokens=decodes,
+                            num_seqs=decodes + 1, prefill_seqs=1, decode_context=decodes * 1000,
+                            prefill_attention=(tokens - decodes) * 1500, num_samples=decodes + 1)
+
+    f = mixed(250)
+    assert profile.model.bucket(f) == 256 and profile.model.bucket(mixed(8, 8)._replace(prefill_tokens=0)) == 0
+    step = profile.serving.step_seconds("mixed-graph", profile.model.predict(f)
+                                        + profile.serving.attention_scale["mixed-graph"]
+                                        * profile.model.attention_seconds(f), f.num_samples)
+    grown_step = 0.1 * (step - profile.serving.step_per_sample_s * f.num_samples)
+    assert grown.predict(f, 0.0) - profile.predict(f, 0.0) == pytest.approx(grown_step)
+    assert grown.predict(mixed(500), 0.3) == profile.predict(mixed(500), 0.3)
+    assert shipped.predict(mixed(240), 0.3) > profile.predict(mixed(240), 0.3)
+    assert max(shipped.serving.bucket_scale["mixed-graph"].items(), key=lambda kv: kv[1])[0] == 240
