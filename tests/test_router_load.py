@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from engine.server.router import HEALTH_FAILURES, Replica, Router, Sent
+from engine.server.router import DROPPED_S, HEALTH_FAILURES, Replica, Router, Sent
 
 
 def test_a_prompt_counts_as_unstarted_until_its_first_token_is_back():
@@ -73,6 +73,49 @@ def test_a_replica_leaves_rotation_after_failed_checks_in_a_row_and_comes_back_o
         assert seen == [True, True, True] + [True] * (HEALTH_FAILURES - 1) + [False, True]
         router.suspect(replica)
         assert router.pick(set()) is None
+        await router.client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_dropped_connection_is_tried_again_once_and_a_refused_one_takes_the_replica_out():
+    """On a loaded machine a replica whose process is up may drop a request's connection: with no other replica left
+    the request is sent to it again on a fresh connection and served, and the replica stays in rotation; a second
+    drop within ``DROPPED_S`` takes it out and the request is answered 503, naming the replica. A refused
+    connection takes it out at once."""
+    from starlette.requests import Request
+
+    body = b'{"prompt": [1, 2], "max_tokens": 2}'
+
+    def request() -> Request:
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return Request({"type": "http", "method": "POST", "path": "/v1/completions",
+                        "headers": [(b"content-type", b"application/json")]}, receive)
+
+    async def scenario():
+        failures = []
+
+        def replica_answer(req: httpx.Request) -> httpx.Response:
+            if failures:
+                raise failures.pop(0)(f"dropped by {req.url.host}", request=req)
+            return httpx.Response(200, json={"choices": [{"text": "ok"}]})
+
+        router = Router([Replica(0, "http://r0", healthy=True)])
+        router.client = httpx.AsyncClient(transport=httpx.MockTransport(replica_answer))
+        replica, = router.replicas
+        failures.append(httpx.ReadError)
+        served = await router.proxy(request(), "/v1/completions")
+        assert served.status_code == 200 and replica.healthy and router.retries == 1
+        failures.append(httpx.ReadError)  # within DROPPED_S of the first
+        refused = await router.proxy(request(), "/v1/completions")
+        assert refused.status_code == 503 and b"replica 0 unreachable" in refused.body and not replica.healthy
+        assert not failures and router.retries == 2
+        replica.healthy, replica.dropped_at = True, replica.dropped_at - DROPPED_S  # a check passed, a while later
+        failures.append(httpx.ConnectError)
+        assert (await router.proxy(request(), "/v1/completions")).status_code == 503 and not replica.healthy
+        assert not failures and router.retries == 3
         await router.client.aclose()
 
     asyncio.run(scenario())

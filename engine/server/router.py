@@ -2,11 +2,12 @@
 
 The router picks a replica with ``engine.policy.load_balancer`` (the very policies the simulator's cluster uses),
 checks each replica's ``/health`` and process, and takes a failing one out of rotation (``HEALTH_FAILURES`` checks
-failed in a row, or at once a request it failed or its process exiting). A replica process that exited (its engine
-died: ``splitfuse serve`` then exits 1) is restarted after a backoff (1, 2, 4 ... 30 s, at most
-``--max-replica-restarts`` times) and comes back once its health check passes. A request that fails before the
-client received any token (connection refused or reset, or a 429/503 answer) is retried on another replica; a
-stream that breaks after tokens were sent ends with an SSE error event and ``[DONE]``, never silently. On SIGTERM
+failed in a row, or at once a connection it refused, its process exiting, or a second dropped connection within
+``DROPPED_S``). A replica process that exited (its engine died: ``splitfuse serve`` then exits 1) is restarted after
+a backoff (1, 2, 4 ... 30 s, at most ``--max-replica-restarts`` times) and comes back once its health check passes.
+A request that fails before the client received any token (connection refused or reset, or a 429/503 answer) is
+retried on another replica, or where none is left once more on one that only dropped its connection; a stream that
+breaks after tokens were sent ends with an SSE error event and ``[DONE]``, never silently. On SIGTERM
 the router stops taking requests and sends SIGTERM to its replicas, which drain as a single server does.
 """
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -46,6 +48,10 @@ BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before the 1st, 2nd, ... restart
 # whose API process is busy streaming can miss one check's timeout, and one slow answer is no reason to send all
 # its share to the others. A request it fails, or its process exiting, takes it out at once.
 HEALTH_FAILURES = 3
+# A replica whose process is up and that drops a request's connection (a loaded machine: a kept-alive connection it
+# closed, an accept backlog) stays in rotation and may take that request again on a fresh connection; a second drop
+# within this many seconds takes it out, as a refused connection does at once.
+DROPPED_S = 5.0
 
 
 @dataclass
@@ -67,6 +73,7 @@ class Replica:
     failures: int = 0
     restarts: int = 0
     restart_at: float | None = None  # monotonic time of the next restart, while one is pending
+    dropped_at: float = -math.inf  # monotonic time it last dropped a request's connection while its process was up
 
     def load(self) -> ReplicaLoad:
         return ReplicaLoad(self.outstanding_requests, self.outstanding_tokens, estimate_kv_usage(
@@ -151,6 +158,10 @@ class Router:
             return None
         return candidates[self.balancer.choose([r.load() for r in candidates])]
 
+    def retry(self, replica: Replica | None) -> Replica | None:
+        """``replica`` (one every other candidate was tried before) if it is still in rotation."""
+        return replica if replica is not None and replica.healthy else None
+
     def suspect(self, replica: Replica) -> None:
         """Out of rotation until a health check passes (after a restart, if its process has exited)."""
         replica.healthy = False
@@ -215,7 +226,9 @@ class Router:
             headers["authorization"] = request.headers["authorization"]
         tried: set[int] = set()
         last = "no replica is healthy"
-        while (replica := self.pick(tried)) is not None:
+        again: Replica | None = None  # one that dropped a connection, still up: worth a fresh one, once
+        while (replica := self.pick(tried) or self.retry(again)) is not None:
+            again = None if replica is again else again
             tried.add(replica.index)
             sent = Sent(replica, prompt_tokens, output_tokens)
 
@@ -224,7 +237,11 @@ class Router:
                     self.client.build_request("POST", replica.url + path, content=raw, headers=headers), stream=True)
             except httpx.TransportError as e:
                 sent.release()
-                self.suspect(replica)
+                now = time.monotonic()
+                if isinstance(e, httpx.ConnectError) or replica.exited() or now - replica.dropped_at < DROPPED_S:
+                    self.suspect(replica)  # nothing listens, or it keeps dropping connections
+                else:  # one dropped connection of a replica whose process is up (a busy moment): it stays
+                    replica.dropped_at, again = now, replica
                 last, self.retries = f"replica {replica.index} unreachable: {e!r}", self.retries + 1
                 continue
             streaming = stream and resp.status_code == 200
