@@ -210,10 +210,8 @@ class PassModel:
             return self._graph(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
                                f.decode_tokens, f.decode_max_context, f.prefill_max_context)
         if path == "mixed-graph":
-            b = self._buckets
-            return self._mixed(b[bisect.bisect_left(b, f.num_tokens)], f.decode_context, f.prefill_attention,
-                               f.num_seqs, f.prefill_seqs, f.decode_tokens, f.decode_max_context,
-                               f.prefill_max_context)
+            return self._mixed(self.bucket(f), f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
+                               f.decode_tokens, f.decode_max_context, f.prefill_max_context)
         return self._eager(f.num_tokens, f.decode_context, f.prefill_attention, f.num_seqs, f.prefill_seqs,
                            f.decode_tokens, f.decode_max_context, f.prefill_max_context)
 

@@ -554,7 +554,8 @@ def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | No
     passes = _level_passes(passes, paths) if paths else []
     if len(passes) == 0:  # (an empty frame's columns lose their number types)
         raise ValueError(too_few)
-    model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
+    model_s = (passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]) \
+        * _bucket_factors(passes, serving)
     rows = _finite_rows(passes.assign(priced=model_s), "pass_s", "priced", "heat")
     rows = rows[rows["num_samples"] > 0]
     hosts = {}
@@ -596,7 +597,8 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
                  **_attention_scales(passes, min_count)}
     inherited = {alone for alone, base in PREFILL_PATHS.items() if alone in attention and base in attention}
     attention.update({alone: attention[PREFILL_PATHS[alone]] for alone in inherited})
-    model_s = passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]
+    model_s = (passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]) \
+        * _bucket_factors(passes, serving)
     rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
     shown, fit = {}, {}
     for path, part in rows.groupby("path"):

@@ -879,6 +879,21 @@ def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     assert not target.exists()
 
 
+def test_fit_buckets_needs_mixed_graph_passes_and_says_so(run, cpu_profile, tmp_path):
+    """--fit-buckets prices the mixed-graph paths per graph bucket; a CPU run's passes are all eager, so it stops
+    with an error that names what is missing and writes nothing; a profile without a serving section is refused."""
+    out, _ = run
+    target = tmp_path / "buckets.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "b"), "--fit-buckets", str(target)])
+    assert result.exit_code == 1 and "--fit-buckets: no mixed-graph path has 10 passes of a bucket" in result.output
+    assert not target.exists()
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "c"), "--fit-buckets", str(target)])
+    assert result.exit_code == 1 and "no serving section whose paths to price per bucket" in result.output
+    assert not target.exists()
+
+
 def _overload_factors(directory, kinds, cost, temperature=1.0):
     """``overload_path_factors`` of a hand-made overload run whose passes follow one another: (path, ahead,
     seconds) each, a prompt's pass on the mixed graph."""
