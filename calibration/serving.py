@@ -65,10 +65,10 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
 - the graph bucket a mixed pass pads to (from profile version 19): ``bucket_scale``, per mixed-graph path, a factor
   per bucket of tokens on the path's scale. The sweep times every bucket, but the cost model is one line in the
   padded tokens and the served scale one number, fitted where served passes mostly are (the budget's bucket).
-  Served, the buckets' pattern around that line repeats from card to card (a pass of a small bucket runs 5-8% over
+  Served, the buckets' pattern around that line repeats from card to card (a pass of a small bucket runs 5-7% over
   a full chunk's level, one of 240 tokens 13%; ``calibration/VALIDATION.md``, forty-third round), which a factor per
   bucket, each host's median over its path's median, then the median over hosts, carries (``fit_bucket_scales``,
-  ``--level-buckets``). Older sections have none: every bucket at the path's scale.
+  ``--fit-buckets``). Older sections have none: every bucket at the path's scale.
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
