@@ -479,8 +479,7 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
-    model_s = (passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]) \
-        * _bucket_factors(passes, serving)
+    model_s = _swept_steps(passes, serving.attention_scale) * _bucket_factors(passes, serving)
     served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
     rows = _finite_rows(passes.assign(ratio=served / model_s), "ratio", "heat")
     levels, fit = {}, {}
@@ -508,7 +507,7 @@ def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tup
     passes = passes[passes["bucket"] > 0]
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(too_few)
-    model_s = passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]
+    model_s = _swept_steps(passes, serving.attention_scale)
     priced = model_s * (passes["path"].map(serving.path_scale) + passes["path"].map(serving.heat_scale)
                         * passes["heat"])
     served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
@@ -533,6 +532,11 @@ def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tup
     return scales, fit
 
 
+def _swept_steps(passes, attention_scale: Mapping[str, float]):
+    """Each row's swept step (``model_s``) with its prompt attention grown by its path's ``attention_scale``."""
+    return passes["model_s"] + passes["path"].map(attention_scale).fillna(0.0) * passes["attention_s"]
+
+
 def _bucket_factors(passes, serving: ServingModel) -> np.ndarray:
     """The section's factor per graph bucket of each row of ``passes`` (a frame with ``path`` and ``bucket``)."""
     if not serving.bucket_scale:
@@ -554,8 +558,7 @@ def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | No
     passes = _level_passes(passes, paths) if paths else []
     if len(passes) == 0:  # (an empty frame's columns lose their number types)
         raise ValueError(too_few)
-    model_s = (passes["model_s"] + passes["path"].map(serving.attention_scale).fillna(0.0) * passes["attention_s"]) \
-        * _bucket_factors(passes, serving)
+    model_s = _swept_steps(passes, serving.attention_scale) * _bucket_factors(passes, serving)
     rows = _finite_rows(passes.assign(priced=model_s), "pass_s", "priced", "heat")
     rows = rows[rows["num_samples"] > 0]
     hosts = {}
@@ -597,8 +600,7 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
                  **_attention_scales(passes, min_count)}
     inherited = {alone for alone, base in PREFILL_PATHS.items() if alone in attention and base in attention}
     attention.update({alone: attention[PREFILL_PATHS[alone]] for alone in inherited})
-    model_s = (passes["model_s"] + passes["path"].map(attention).fillna(0.0) * passes["attention_s"]) \
-        * _bucket_factors(passes, serving)
+    model_s = _swept_steps(passes, attention) * _bucket_factors(passes, serving)
     rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
     shown, fit = {}, {}
     for path, part in rows.groupby("path"):
@@ -693,7 +695,7 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     requests = pd.DataFrame(requests, columns=["prompt_tokens", "admission_s", "delivery_s", "num_samples", "light"])
     light = requests.pop("light").eq(True).to_numpy()
     attention_scale = _attention_scales(passes, min_count)
-    passes["model_s"] = passes["model_s"] + passes["path"].map(attention_scale).fillna(0.0) * passes["attention_s"]
+    passes["model_s"] = _swept_steps(passes, attention_scale)
     scale, heat_scale, scale_fit = _path_scales(passes, min_count, several_hosts)
     decodes_only = passes["prefill_tokens"] == 0
     spread_s, spread_fit = _spread(passes[decodes_only], scale, heat_scale, min_count)
