@@ -18,15 +18,16 @@ Server and client processes read one clock (``time.perf_counter``, CLOCK_MONOTON
 between the two views is the serving path's delivery time, and each pass's trace row sets the profile's prediction
 beside what the pass took (``passes.csv``).
 
-Writes ``validation.csv`` (one row per cell and source: cell keys, metrics), ``errors.csv`` (the simulator's relative
-error against each measured view, and whether the cell is within the bounds it is judged by:
+Writes ``validation.csv`` (one row per cell and source: cell keys, metrics), ``errors.csv`` (the simulator's
+relative error against each measured view, and whether the cell is within the bounds it is judged by:
 ``calibration.validation_results.BOUNDS``), ``passes.csv`` (every traced pass of every cell: features, path,
-measured and predicted seconds), ``delivery.csv`` (per request: server and client first-token and finish times)
-and ``report.html``. A grid run with ``--repeats`` sends each cell's requests that many times (fresh prompt tokens,
-the same lengths and arrival times) and also writes ``errors_repeats.csv``: the simulator against the mean of the
-repeats, beside the repeats' own spread (the engine against itself on the same requests). A fleet's cells also run
-through the simulator on the routes its router took (the trace names each request's engine): ``routing.csv`` sets
-the simulator's error with its own balancer's routes beside its error with the measured router's.
+measured and predicted seconds, and the pass's phases: schedule, prepare, wait, update and device time),
+``delivery.csv`` (per request: server and client first-token and finish times) and ``report.html``. A grid run with
+``--repeats`` sends each cell's requests that many times (fresh prompt tokens, the same lengths and arrival times)
+and also writes ``errors_repeats.csv``: the simulator against the mean of the repeats, beside the repeats' own
+spread (the engine against itself on the same requests). A fleet's cells also run through the simulator on the
+routes its router took (the trace names each request's engine): ``routing.csv`` sets the simulator's error with its
+own balancer's routes beside its error with the measured router's.
 """
 
 from __future__ import annotations
@@ -400,6 +401,10 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
     next step began at once (else NaN: the engine went idle). ``heat``: the card's heat when the pass began
     (``calibration.serving.prefill_heats`` over the engine's whole trace, with the cost's own time constant where it
     has a heat, else ``heat_tau_s``: that of a section being fitted on a bare profile), which the prediction takes.
+    Each pass's own phases (``PHASES``, NaN where its trace lacks them): ``schedule_s`` (the plan), ``prepare_s``
+    (inputs built and the pass enqueued), ``wait_s`` (until its sampled ids reached the host), ``update_s`` (the
+    scheduler applying them) and ``device_s`` (the GPU's own time, where traced): what a step's excess over its
+    price is made of, host or card, as its batch grows.
 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
@@ -438,10 +443,24 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
                              "loop_s": following - start if busy and not unsynced else float("nan"),
                              "serving_s": following - p["updated"] if busy else float("nan"),
                              "predicted_s": float("nan") if unsynced else predicted + run_predicted,
-                             "attention_s": float("nan") if unsynced else attention_s + run_attention})
+                             "attention_s": float("nan") if unsynced else attention_s + run_attention,
+                             **pass_phases(p)})
             if not unsynced:
                 run_start, run_predicted, run_attention, run_passes = None, 0.0, 0.0, 0
     return rows
+
+
+# a traced pass's phases: each the time between two of its marks (``engine.llm.PassRecord``)
+PHASES = {"schedule_s": ("start", "scheduled"), "prepare_s": ("scheduled", "launched"),
+          "wait_s": ("launched", "sampled"), "update_s": ("sampled", "updated")}
+
+
+def pass_phases(p: dict) -> dict[str, float]:
+    """``PHASES`` of one traced pass and its ``device_s``, each NaN where the trace lacks it."""
+    nan = float("nan")
+    phases = {name: p[end] - p[begin] if begin in p and end in p else nan for name, (begin, end) in PHASES.items()}
+    device = p.get("device_s")
+    return {**phases, "device_s": nan if device is None else device}
 
 
 def engine_costs(cost, engines: int) -> list:

@@ -188,6 +188,28 @@ def test_a_pass_that_samples_nothing_is_timed_with_the_next_that_does():
     assert np.isnan(rows[4]["loop_s"])  # the last pass: no next step to time it to
 
 
+def test_each_pass_row_carries_its_own_phases():
+    """``passes.csv`` splits each traced pass into its phases (plan, inputs and enqueue, waiting for the sampled
+    ids, the scheduler's update) and the GPU's own time, NaN where the trace has no such marks."""
+
+    class Cost:
+        def predict(self, f):
+            return 0.010
+
+    marks = {"start": 0.0, "scheduled": 0.0001, "launched": 0.0011, "sampled": 0.0091, "updated": 0.0093,
+             "sent": 0.0094, "device_s": 0.0075}
+    traced = {**marks, "path": "decode-graph", "ahead": False, "num_outputs": 1,
+              **dict.fromkeys(PassFeatures._fields, 1)}
+    bare = {k: v for k, v in traced.items() if k not in ("scheduled", "launched", "sampled", "device_s")}
+    cell = Cell("splitfuse", 768, "tiny", "fixed:8", "fixed:2", 1)
+    timed, untimed = cell_passes(Measured(cell, None, [], 0.0, (0.0, 1.0)),
+                                 [[traced, {**bare, "start": 0.0095, "updated": 0.02, "sent": 0.021}]], Cost())
+    assert timed["schedule_s"] == pytest.approx(0.0001) and timed["prepare_s"] == pytest.approx(0.001)
+    assert timed["wait_s"] == pytest.approx(0.008) and timed["update_s"] == pytest.approx(0.0002)
+    assert timed["device_s"] == pytest.approx(0.0075)
+    assert all(np.isnan(untimed[k]) for k in ("schedule_s", "prepare_s", "wait_s", "update_s", "device_s"))
+
+
 def test_a_greedy_cell_s_passes_are_priced_as_greedy_ones():
     """In a cell sent at temperature 0 each pass is compared with the cost's greedy price of it, enqueued ahead or
     not (what the simulator charges); a sampled cell's with the plain price."""
