@@ -38,15 +38,14 @@ class Sampler:
             return greedy.tolist()
         logits = logits.float()
         self._hold_back_stop_tokens(logits, requests)
-        params = [r.sampling_params for r in requests]
-        greedy_tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if not random_rows:
-            return greedy_tokens.tolist()
-        rows = to_device(random_rows, torch.int64, logits.device)
-        picked = self._sample(logits[rows], [requests[i] for i in random_rows])
-        greedy_tokens[rows] = picked
-        return greedy_tokens.tolist()
+        random_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if len(random_rows) == len(requests):
+            return self._sample(logits, requests).tolist()
+        tokens = logits.argmax(dim=-1)
+        if random_rows:
+            rows = to_device(random_rows, torch.int64, logits.device)
+            tokens[rows] = self._sample(logits[rows], [requests[i] for i in random_rows])
+        return tokens.tolist()
 
     def takes_greedy(self, requests: list[Request]) -> bool:
         """Whether the tokens of ``requests`` are each row's plain argmax (``Request.takes_argmax``)."""
@@ -59,35 +58,69 @@ class Sampler:
                 logits[i, banned] = float("-inf")
 
     def _uniforms(self, requests: list[Request]) -> torch.Tensor:
-        u = []
-        for r in requests:
-            seed = r.sampling_params.seed
-            if seed is None:
-                u.append(torch.rand(1, generator=self.generator))
-            else:
+        """One uniform draw per request: unseeded ones from the engine's generator in one call, a seeded one from
+        its own (seed, output index) generator."""
+        seeds = [r.sampling_params.seed for r in requests]
+        unseeded = [i for i, s in enumerate(seeds) if s is None]
+        if len(unseeded) == len(requests):
+            return torch.rand(len(requests), generator=self.generator)
+        u = torch.empty(len(requests))
+        if unseeded:
+            u[unseeded] = torch.rand(len(unseeded), generator=self.generator)
+        for i, (r, seed) in enumerate(zip(requests, seeds)):
+            if seed is not None:
                 g = torch.Generator(device="cpu").manual_seed(request_seed(seed, r.num_output_tokens))
-                u.append(torch.rand(1, generator=g))
-        return torch.cat(u)
+                u[i] = torch.rand(1, generator=g)
+        return u
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Inverse-CDF sampling over the top-k / top-p support of the temperature-scaled distribution."""
+        """Inverse-CDF sampling of the temperature-scaled distribution, one draw per row: rows whose requests
+        truncate it (top-k or top-p) sort their row to find the support; the others draw in vocabulary order,
+        with no sort (a sort of every row over a 128k vocabulary is most of the sampler's device time)."""
         params = [r.sampling_params for r in requests]
         vocab = logits.shape[-1]
-        device = logits.device
-        temperature = to_device([p.temperature for p in params], torch.float32, device)
-        top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64, device)
-        top_p = to_device([p.top_p for p in params], torch.float32, device)
+        truncating = [i for i, p in enumerate(params) if p.top_p < 1 or 0 < p.top_k < vocab]
+        host = torch.tensor([[p.temperature for p in params],
+                             [p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                             [p.top_p for p in params]], dtype=torch.float32)
+        temperature, top_k, top_p, u = to_device(torch.cat([host, self._uniforms(requests)[None]]), torch.float32,
+                                                 logits.device)
+        scaled = logits / temperature[:, None]
+        if not truncating:
+            return _draw_in_vocab_order(scaled, u)
+        if len(truncating) == len(requests):
+            return _draw_truncated(scaled, u, top_k, top_p)
+        kept = set(truncating)
+        whole = [i for i in range(len(requests)) if i not in kept]
+        rows_t, rows_w = (to_device(rows, torch.int64, logits.device) for rows in (truncating, whole))
+        tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        tokens[rows_t] = _draw_truncated(scaled[rows_t], u[rows_t], top_k[rows_t], top_p[rows_t])
+        tokens[rows_w] = _draw_in_vocab_order(scaled[rows_w], u[rows_w])
+        return tokens
 
-        sorted_logits, sorted_ids = (logits / temperature[:, None]).sort(dim=-1, descending=True)
-        rank = torch.arange(vocab, device=device)
-        sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
-        probs = sorted_logits.softmax(dim=-1)
-        # top-p: keep the smallest prefix whose mass reaches top_p (a token stays if the mass before it is short)
-        mass_before = probs.cumsum(dim=-1) - probs
-        probs.masked_fill_(mass_before >= top_p[:, None], 0.0)
-        cdf = probs.cumsum(dim=-1)
-        u = to_device(self._uniforms(requests), torch.float32, device)
-        index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)
-        num_kept = (probs > 0).sum(dim=-1)
-        index = torch.minimum(index, num_kept - 1)
-        return sorted_ids.gather(1, index[:, None]).squeeze(1)
+
+def _draw_in_vocab_order(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row i's token where ``u[i]`` of its probability mass, summed in vocabulary order, is reached."""
+    probs = scaled.softmax(dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    index.clamp_(max=scaled.shape[-1] - 1)
+    # the sum's rounding can leave a draw on a token of no probability (one held back): take the row's top one
+    return torch.where(probs.gather(1, index[:, None]).squeeze(1) > 0, index, probs.argmax(dim=-1))
+
+
+def _draw_truncated(scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Row i's token where ``u[i]`` of its mass is reached over its top-k / top-p support, summed from the top."""
+    vocab = scaled.shape[-1]
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=scaled.device)
+    sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # top-p: keep the smallest prefix whose mass reaches top_p (a token stays if the mass before it is short)
+    mass_before = probs.cumsum(dim=-1) - probs
+    probs.masked_fill_(mass_before >= top_p[:, None], 0.0)
+    cdf = probs.cumsum(dim=-1)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)
+    num_kept = (probs > 0).sum(dim=-1)
+    index = torch.minimum(index, num_kept - 1)
+    return sorted_ids.gather(1, index[:, None]).squeeze(1)

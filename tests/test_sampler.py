@@ -8,7 +8,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.policy import Request
-from engine.sampler import Sampler
+from engine.sampler import Sampler, _draw_in_vocab_order
 
 PROBS = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: token 1 (.4), 3 (.3), 4 (.15), 2 (.1), 0 (.05)
 DRAWS = 4000
@@ -46,6 +46,23 @@ def test_support_and_frequencies(params, kept):
     assert set(torch.nonzero(freq).flatten().tolist()) == set(kept)
     # 4000 draws: a standard error of at most 0.008 per token, so 0.035 is over four of them
     assert (freq - expected(kept)).abs().max() < 0.035
+
+
+def test_a_batch_of_truncating_and_whole_rows_draws_each_from_its_own_support():
+    sampler = Sampler(0)
+    logits = PROBS.log().repeat(2 * DRAWS, 1)
+    params = [SamplingParams(top_k=2), SamplingParams()] * DRAWS
+    tokens = torch.tensor(sampler(logits, [request(p) for p in params]))
+    for share, kept in ((tokens[0::2], [1, 3]), (tokens[1::2], [0, 1, 2, 3, 4])):
+        freq = torch.bincount(share, minlength=len(PROBS)).float() / DRAWS
+        assert set(torch.nonzero(freq).flatten().tolist()) == set(kept)
+        assert (freq - expected(kept)).abs().max() < 0.035
+
+
+def test_a_draw_in_vocabulary_order_never_lands_on_a_token_held_back():
+    scaled = torch.tensor([[float("-inf"), 1.0, 2.0, float("-inf")]]).repeat(3, 1)
+    u = torch.tensor([0.0, 1 - 2 ** -24, 1.0])  # the bottom of the mass, its top, and one rounded past it
+    assert _draw_in_vocab_order(scaled, u).tolist() == [1, 2, 2]
 
 
 def test_temperature_sharpens_and_flattens():
