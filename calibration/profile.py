@@ -7,9 +7,10 @@ version 7) knees in its attention terms, (from version 8) the card's heat in the
 how the card's measured hosts differ from it (``calibration.host_spread``), (from version 12) a scale of its own
 for graph passes of prompts alone, (from version 13) a scale of the served prompt attention and (from version 15)
 the served passes' spread, (from version 16) the served step's work per sampled entry and (from version 17) greedy
-passes (from version 18 at their price less what they save, a line in their sampled entries) and (from version
-19) a factor per mixed-graph bucket. All are optional, and files of versions 2 to 18 still load (but for version
-17's greedy section, which is refused, named).
+passes (from version 18 at their price less what they save, a line in their sampled entries), (from version
+19) a factor per mixed-graph bucket and (from version 20) what a sampled pass saves since the sweep, where the
+engine's sampler changed (``calibration.sampler_saved``). All are optional, and files of versions 2 to 19 still
+load (but for version 17's greedy section, which is refused, named).
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -52,12 +53,12 @@ FORMAT = "splitfuse-profile"
 # section may carry the served passes' spread ("noise_q"), which the simulator then draws from; 16: the serving
 # section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s"); 17, 18: greedy
 # passes (``calibration.serving``); 19: a factor per mixed-graph bucket on the serving section's scale
-# ("bucket_scale").
+# ("bucket_scale"); 20: what a sampled pass saves since the sweep ("sampler_saved_s", "sampler_saved_per_sample_s").
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
-VERSION = 19
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
+VERSION = 20
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 
@@ -96,7 +97,8 @@ class Profile:
     def predict(self, f: PassFeatures, heat: float = 0.0) -> float:
         """Median seconds of one pass with features ``f`` (``plan_features(plan)``): the engine step as the sweep
         timed it, or, where the profile has its serving section, as the server runs it, with the serving loop's
-        work until the next step, on a card of that ``heat`` (``new_heat``)."""
+        work until the next step, on a card of that ``heat`` (``new_heat``), less what its sampling saves since the
+        sweep (``sampler_saved_seconds``)."""
         serving = self.serving
         path = self.scale_path(f)
         step = self.model.predict(f)
@@ -105,17 +107,19 @@ class Profile:
             step += attention * self.model.attention_seconds(f)
         bucket = self.model.bucket(f) if serving.bucket_scale else 0
         return (serving.step_seconds(path, step, f.num_samples, heat, bucket) + serving.loop_seconds(f.num_samples)
-                + serving.spread_seconds(f))
+                + serving.spread_seconds(f) - serving.sampler_saved_seconds(f.num_samples))
 
     def greedy_seconds(self, f: PassFeatures, kind: str, price: float) -> float | None:
         """What a served pass of features ``f`` whose entries all take their argmax takes, priced ``price`` seconds
         as a sampled one (``predict(f)``, or a host's share of it), as it runs (``ServingModel.greedy_seconds``): a
         graph pass that samples takes its argmax inside the graph ("step"), and only a decode-graph step runs ahead
         ("ahead", "discarded"). None for any other pass. None itself where the profile measured no greedy serving
-        (the simulator then prices such passes as sampled ones, and enqueues nothing ahead)."""
+        (the simulator then prices such passes as sampled ones, and enqueues nothing ahead). A greedy pass never ran
+        the sampler, so what sampling saves since the sweep is added back to ``price`` first."""
         path = self.model.path(f)
         if not f.num_samples or path not in GRAPH_PATHS or (kind != "step" and path != "decode-graph"):
             return None
+        price += self.serving.sampler_saved_seconds(f.num_samples)
         return self.serving.greedy_seconds(kind, price, f.num_samples)
 
     def attention_seconds(self, f: PassFeatures) -> float:

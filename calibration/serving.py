@@ -89,7 +89,9 @@ PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
 BUCKET_PATHS = ("mixed-graph", "mixed-prefill")  # the paths whose passes replay a graph of a token bucket
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
-           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
+           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s",
+           "sampler_saved_s", "sampler_saved_per_sample_s")
+OPTIONAL_NUMBERS = ("step_per_sample_s", "sampler_saved_s", "sampler_saved_per_sample_s")  # written when not 0
 # a greedy graph pass as it runs: on its own, or a decode step enqueued ahead; and a discarded one, before the next
 GREEDY_STEPS = ("step", "ahead", "discarded")
 # the greedy section: a step on its own or ahead as its price less what it saves, a line in its sampled entries; what
@@ -203,7 +205,8 @@ class ServingModel:
                  attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
                  noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0,
                  greedy: Mapping[str, float] | None = None,
-                 bucket_scale: Mapping[str, Mapping] | None = None) -> None:
+                 bucket_scale: Mapping[str, Mapping] | None = None, sampler_saved_s: float = 0.0,
+                 sampler_saved_per_sample_s: float = 0.0) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -213,6 +216,8 @@ class ServingModel:
         self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
         self.mixed_spread_s = _check("mixed_spread_s", mixed_spread_s)
         self.step_per_sample_s = _check("step_per_sample_s", step_per_sample_s)
+        self.sampler_saved_s = _check("sampler_saved_s", sampler_saved_s)
+        self.sampler_saved_per_sample_s = _check("sampler_saved_per_sample_s", sampler_saved_per_sample_s)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
@@ -279,6 +284,13 @@ class ServingModel:
             return g["discarded"] * price
         return max(0.0, price - g[f"{kind}_saved_s"] - g[f"{kind}_saved_per_sample_s"] * num_samples)
 
+    def sampler_saved_seconds(self, num_samples: int) -> float:
+        """What a pass that ran the sampler on ``num_samples`` entries saves against its swept price, where the
+        engine's sampler changed since the sweep (``calibration.sampler_saved``); 0 for a pass that sampled none."""
+        if not num_samples:
+            return 0.0
+        return self.sampler_saved_s + self.sampler_saved_per_sample_s * num_samples
+
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
         return (self.per_pass_s + self.per_sample_s * num_samples
@@ -303,8 +315,8 @@ class ServingModel:
         return self._delivery_base + self.delivery_per_sample_s * num_samples
 
     def to_dict(self) -> dict:
-        # a section without work per sampled entry in its step keeps the form of the versions before it
-        numbers = [name for name in NUMBERS if name != "step_per_sample_s" or self.step_per_sample_s]
+        # a section without work per sampled entry in its step, or no saving, keeps the form of the versions before
+        numbers = [name for name in NUMBERS if name not in OPTIONAL_NUMBERS or getattr(self, name)]
         return {**{name: getattr(self, name) for name in numbers}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
@@ -325,6 +337,13 @@ class ServingModel:
         d = self.to_dict()
         return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
                                        "fit": {**d["fit"], "levels": dict(fit or {})}})
+
+    def with_sampler_saved(self, per_pass_s: float, per_sample_s: float, fit: Mapping | None = None) -> ServingModel:
+        """This section with what a sampled pass saves since the sweep (``calibration.sampler_saved``) and ``fit``
+        (how it was measured) under the fit's "sampler_saved"."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "sampler_saved_s": per_pass_s, "sampler_saved_per_sample_s": per_sample_s,
+                                       "fit": {**d["fit"], "sampler_saved": dict(fit or {})}})
 
     def with_step_per_sample(self, seconds: float, fit: Mapping | None = None) -> ServingModel:
         """This section with ``seconds`` as its served step's work per sampled entry (``fit_step_per_sample``) and
@@ -361,7 +380,8 @@ class ServingModel:
         """Also reads sections of older profile versions: before 8 no heat scale (every pass at the path's scale),
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
         prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry,
-        before 17 no greedy decode steps (priced as sampled ones), before 19 no factor per graph bucket. Version 17's
+        before 17 no greedy decode steps (priced as sampled ones), before 19 no factor per graph bucket, before 20 no
+        sampler saving since the sweep. Version 17's
         ``greedy_scale`` priced a step ahead as a share of its price, which the host work it hides is not: such a
         section is refused, named."""
         if not isinstance(d, Mapping):

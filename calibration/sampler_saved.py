@@ -1,0 +1,136 @@
+"""What a sampled pass saves since its profile was swept, because the engine's sampler changed: the serving
+section's ``sampler_saved`` (from profile version 20), measured on the card.
+
+A profile's points were timed with the engine of their sweep, sampling as it sampled then. Up to commit 3b9a74b the
+sampler sorted every sampled row over the whole vocabulary; since, a row with neither top-k nor top-p (the default)
+draws in vocabulary order, without a sort. The sampler runs after the forward pass on the logits of the sampled
+rows, whatever the pass, so the change is a time per pass and per sampled entry. Measured here as the engine's own
+decode steps, the same requests on the same card with the engine of the sweep and with the engine now:
+
+    python -m calibration.sampler_saved measure --model llama-3-8b --out now.json      # in each engine's tree
+    python -m calibration.sampler_saved apply llama-3-8b-h200-bf16 --swept then.json --engine now.json --out F
+
+``apply`` fits the saving as a line in the sampled entries (``fit_saved``) and writes it into the profile's serving
+section, which prices a sampled pass that much less (``Profile.predict``), and a greedy one as before: it never ran
+the sampler.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+BATCHES = (1, 16, 64, 128, 256)
+
+
+def decode_spans(llm, batch: int, prompt_len: int, steps: int, rng: np.random.Generator) -> list[float]:
+    """The spans from schedule to update (a profile's pass, ``PassRecord``) of the decode steps that held all
+    ``batch`` requests of ``prompt_len`` random tokens, each sampling ``steps`` tokens at temperature 1 (what the
+    sweep and the benchmark client ask for)."""
+    from engine.policy import SamplingParams
+
+    vocab = llm.model_config.vocab_size
+    params = SamplingParams(max_tokens=steps, temperature=1.0, ignore_eos=True)
+    for _ in range(batch):
+        llm.add_request(rng.integers(3, vocab, prompt_len).tolist(), params)
+    records = []
+    stop = llm.trace_passes(records.append)
+    while llm.has_unfinished():
+        llm.step()
+    stop()
+    return [r.updated - r.start for r in records if r.features.num_tokens == r.features.decode_tokens == batch]
+
+
+def measure(model: str, batches=BATCHES, prompt_len: int = 512, steps: int = 48, seed: int = 0,
+            device: str = "cuda") -> dict:
+    """Median decode-step seconds per batch of ``model`` (random weights) on this engine."""
+    from engine.config import EngineConfig
+    from engine.llm import LLMEngine
+    from engine.policy import PolicyConfig
+
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    llm = LLMEngine(EngineConfig(model, PolicyConfig(), dtype=dtype, device=device, seed=seed))
+    rng = np.random.default_rng(seed)
+    decode_spans(llm, 4, prompt_len, 8, rng)  # warm up
+    spans = {b: decode_spans(llm, b, prompt_len, steps, rng) for b in batches}
+    vocab = llm.model_config.vocab_size
+    llm.close()
+    return {"model": model, "vocab_size": vocab, "prompt_len": prompt_len, "steps": steps,
+            "batches": list(batches), "median_s": [float(np.median(spans[b])) for b in batches],
+            "count": [len(spans[b]) for b in batches]}
+
+
+def fit_saved(batches, swept_s, engine_s) -> tuple[float, float]:
+    """(Seconds per pass, seconds per sampled entry) of the saving ``swept_s - engine_s`` at each decode batch: a
+    least-squares line, both terms at least 0 (the intercept dropped, and the slope refitted through 0, where it
+    comes out negative)."""
+    n = np.asarray(batches, dtype=float)
+    saved = np.asarray(swept_s, dtype=float) - np.asarray(engine_s, dtype=float)
+    if len(n) < 2 or len(n) != len(saved):
+        raise ValueError(f"need the same two or more batches on both engines, got {len(n)} and {len(saved)}")
+    slope, intercept = np.polyfit(n, saved, 1)
+    if intercept < 0:
+        intercept, slope = 0.0, float(n @ saved / (n @ n))
+    return float(intercept), max(0.0, float(slope))
+
+
+@click.group()
+def main() -> None:
+    """Measure and apply what a sampled pass saves since a profile's sweep."""
+
+
+@main.command("measure")
+@click.option("--model", required=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--batches", default=",".join(map(str, BATCHES)), show_default=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--steps", type=click.IntRange(min=2), default=48, show_default=True)
+@click.option("--device", default="cuda", show_default=True)
+def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps: int, device: str) -> None:
+    """Time this engine's decode steps per batch; write them as JSON with the card and commit."""
+    import torch
+
+    from benchmarks.common import run_metadata
+
+    torch.set_grad_enabled(False)
+    result = measure(model, [int(b) for b in batches.split(",")], prompt_len, steps, device=device)
+    result["meta"] = run_metadata()
+    for b, s, c in zip(result["batches"], result["median_s"], result["count"]):
+        click.echo(f"{model} batch {b:>4}: {1e3 * s:8.3f} ms median of {c} decode steps")
+    out.write_text(json.dumps(result, indent=1))
+
+
+@main.command("apply")
+@click.argument("profile")
+@click.option("--swept", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="`measure` on the engine the profile was swept with.")
+@click.option("--engine", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="`measure` on the engine now, same card.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def apply_command(profile: str, swept: Path, engine: Path, out: Path) -> None:
+    """Write PROFILE with the saving fitted from the two measurements in its serving section."""
+    from calibration.profile import load_profile
+
+    p = load_profile(profile)
+    then, now = json.loads(swept.read_text()), json.loads(engine.read_text())
+    if p.serving is None:
+        raise click.UsageError(f"{profile} has no serving section to hold the saving")
+    if then["batches"] != now["batches"] or then["model"] != now["model"]:
+        raise click.UsageError("the two measurements must be of the same model and batches")
+    if then["model"] != p.meta.get("model"):
+        raise click.UsageError(f"the measurements are of {then['model']}, the profile of {p.meta.get('model')}")
+    per_pass, per_sample = fit_saved(then["batches"], then["median_s"], now["median_s"])
+    fit = {"batches": then["batches"], "swept_s": then["median_s"], "engine_s": now["median_s"],
+           "card": now["meta"]["card"], "swept_commit": then["meta"]["git_commit"],
+           "engine_commit": now["meta"]["git_commit"], "date": now["meta"]["date"]}
+    # its hosts were measured against the engine of the sweep, which this saving bridges: they stay
+    p.with_serving(p.serving.with_sampler_saved(per_pass, per_sample, fit)).with_hosts(p.hosts).save(out)
+    click.echo(f"{p.meta.get('model')}: a sampled pass saves {1e6 * per_pass:.1f} us + {1e6 * per_sample:.2f} us "
+               f"per sampled entry; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
