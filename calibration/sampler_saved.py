@@ -28,12 +28,13 @@ BATCHES = (1, 16, 64, 128, 256)
 
 def decode_spans(llm, batch: int, prompt_len: int, steps: int, rng: np.random.Generator) -> list[float]:
     """The spans from schedule to update (a profile's pass, ``PassRecord``) of the decode steps that held all
-    ``batch`` requests of ``prompt_len`` random tokens, each sampling ``steps`` tokens at temperature 1 (what the
-    sweep and the benchmark client ask for)."""
+    ``batch`` requests of ``prompt_len`` random tokens, sampling at temperature 1 (what the sweep and the benchmark
+    client ask for): at least ``steps`` of them, each request's outputs outlasting the prompts' passes (a pass
+    takes 256 prompt tokens or more beside 256 decodes or fewer)."""
     from engine.policy import SamplingParams
 
     vocab = llm.model_config.vocab_size
-    params = SamplingParams(max_tokens=steps, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=steps - (-batch * prompt_len // 256), temperature=1.0, ignore_eos=True)
     for _ in range(batch):
         llm.add_request(rng.integers(3, vocab, prompt_len).tolist(), params)
     records = []
@@ -44,7 +45,7 @@ def decode_spans(llm, batch: int, prompt_len: int, steps: int, rng: np.random.Ge
     return [r.updated - r.start for r in records if r.features.num_tokens == r.features.decode_tokens == batch]
 
 
-def measure(model: str, batches=BATCHES, prompt_len: int = 512, steps: int = 48, seed: int = 0,
+def measure(model: str, batches=BATCHES, prompt_len: int = 256, steps: int = 48, seed: int = 0,
             device: str = "cuda") -> dict:
     """Median decode-step seconds per batch of ``model`` (random weights) on this engine."""
     from engine.config import EngineConfig
@@ -86,7 +87,7 @@ def main() -> None:
 @click.option("--model", required=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--batches", default=",".join(map(str, BATCHES)), show_default=True)
-@click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--steps", type=click.IntRange(min=2), default=48, show_default=True)
 @click.option("--device", default="cuda", show_default=True)
 def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps: int, device: str) -> None:

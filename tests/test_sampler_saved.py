@@ -70,5 +70,5 @@ def test_apply_writes_the_fitted_saving_and_keeps_the_hosts(tmp_path):
 
 def test_measure_times_full_batch_decode_steps_on_this_engine():
     result = measure("tiny-llama", batches=[1, 4], prompt_len=8, steps=6, device="cpu")
-    assert result["vocab_size"] == 320 and result["count"] == [5, 5]  # the first token comes with the prompt
+    assert result["vocab_size"] == 320 and min(result["count"]) >= 6
     assert all(s > 0 for s in result["median_s"])
