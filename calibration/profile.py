@@ -53,7 +53,7 @@ FORMAT = "splitfuse-profile"
 # section may carry the served passes' spread ("noise_q"), which the simulator then draws from; 16: the serving
 # section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s"); 17, 18: greedy
 # passes (``calibration.serving``); 19: a factor per mixed-graph bucket on the serving section's scale
-# ("bucket_scale"); 20: what a sampled pass saves since the sweep ("sampler_saved_s", "sampler_saved_per_sample_s").
+# ("bucket_scale"); 20: what a sampled pass saves since the sweep, by its sampled entries ("sampler_saved").
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).

@@ -10,9 +10,9 @@ decode steps, the same requests on the same card with the engine of the sweep an
     python -m calibration.sampler_saved measure --model llama-3-8b --out now.json      # in each engine's tree
     python -m calibration.sampler_saved apply llama-3-8b-h200-bf16 --swept then.json --engine now.json --out F
 
-``apply`` fits the saving as a line in the sampled entries (``fit_saved``) and writes it into the profile's serving
-section, which prices a sampled pass that much less (``Profile.predict``), and a greedy one as before: it never ran
-the sampler.
+``apply`` takes the saving at each measured batch (``fit_saved``; ``--swept`` and ``--engine`` may each be given
+several times, alternate runs, and are averaged) and writes it into the profile's serving section, which prices a
+sampled pass that much less (``Profile.predict``), and a greedy one as before: it never ran the sampler.
 """
 
 from __future__ import annotations
@@ -64,18 +64,17 @@ def measure(model: str, batches=BATCHES, prompt_len: int = 256, steps: int = 48,
             "count": [len(spans[b]) for b in batches]}
 
 
-def fit_saved(batches, swept_s, engine_s) -> tuple[float, float]:
-    """(Seconds per pass, seconds per sampled entry) of the saving ``swept_s - engine_s`` at each decode batch: a
-    least-squares line, both terms at least 0 (the intercept dropped, and the slope refitted through 0, where it
-    comes out negative)."""
-    n = np.asarray(batches, dtype=float)
-    saved = np.asarray(swept_s, dtype=float) - np.asarray(engine_s, dtype=float)
-    if len(n) < 2 or len(n) != len(saved):
-        raise ValueError(f"need the same two or more batches on both engines, got {len(n)} and {len(saved)}")
-    slope, intercept = np.polyfit(n, saved, 1)
-    if intercept < 0:
-        intercept, slope = 0.0, float(n @ saved / (n @ n))
-    return float(intercept), max(0.0, float(slope))
+def fit_saved(swept: list[dict], engine: list[dict]) -> tuple[list[int], list[float]]:
+    """(Batches, seconds saved at each): the mean over the ``swept`` measurements (``measure`` on the engine of the
+    sweep) less the mean over the ``engine`` ones, at least 0. The saving is kept per measured batch, not as a line:
+    a sort's time jumps with the rows (for llama-3-8b on an H200 it doubled from 64 rows to 128). ValueError unless
+    all are of one model and the same batches."""
+    runs = [*swept, *engine]
+    if not swept or not engine or any((r["model"], r["batches"]) != (runs[0]["model"], runs[0]["batches"])
+                                      for r in runs):
+        raise ValueError("the measurements must be of one model and the same batches, on both engines")
+    saved = (np.mean([r["median_s"] for r in swept], axis=0) - np.mean([r["median_s"] for r in engine], axis=0))
+    return list(runs[0]["batches"]), np.maximum(saved, 0.0).tolist()
 
 
 @click.group()
@@ -106,31 +105,33 @@ def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps:
 
 @main.command("apply")
 @click.argument("profile")
-@click.option("--swept", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="`measure` on the engine the profile was swept with.")
-@click.option("--engine", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="`measure` on the engine now, same card.")
+@click.option("--swept", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True, multiple=True,
+              help="`measure` on the engine the profile was swept with (repeatable).")
+@click.option("--engine", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True, multiple=True,
+              help="`measure` on the engine now, same card (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
-def apply_command(profile: str, swept: Path, engine: Path, out: Path) -> None:
-    """Write PROFILE with the saving fitted from the two measurements in its serving section."""
+def apply_command(profile: str, swept: tuple[Path, ...], engine: tuple[Path, ...], out: Path) -> None:
+    """Write PROFILE with the saving measured by the two engines in its serving section."""
     from calibration.profile import load_profile
 
     p = load_profile(profile)
-    then, now = json.loads(swept.read_text()), json.loads(engine.read_text())
+    then, now = ([json.loads(f.read_text()) for f in files] for files in (swept, engine))
     if p.serving is None:
         raise click.UsageError(f"{profile} has no serving section to hold the saving")
-    if then["batches"] != now["batches"] or then["model"] != now["model"]:
-        raise click.UsageError("the two measurements must be of the same model and batches")
-    if then["model"] != p.meta.get("model"):
-        raise click.UsageError(f"the measurements are of {then['model']}, the profile of {p.meta.get('model')}")
-    per_pass, per_sample = fit_saved(then["batches"], then["median_s"], now["median_s"])
-    fit = {"batches": then["batches"], "swept_s": then["median_s"], "engine_s": now["median_s"],
-           "card": now["meta"]["card"], "swept_commit": then["meta"]["git_commit"],
-           "engine_commit": now["meta"]["git_commit"], "date": now["meta"]["date"]}
+    if then[0]["model"] != p.meta.get("model"):
+        raise click.UsageError(f"the measurements are of {then[0]['model']}, the profile of {p.meta.get('model')}")
+    try:
+        batches, seconds = fit_saved(then, now)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    fit = {"swept_s": [r["median_s"] for r in then], "engine_s": [r["median_s"] for r in now],
+           "card": now[0]["meta"]["card"], "swept_commit": then[0]["meta"]["git_commit"],
+           "engine_commit": now[0]["meta"]["git_commit"], "date": now[0]["meta"]["date"],
+           "prompt_len": now[0]["prompt_len"]}
     # its hosts were measured against the engine of the sweep, which this saving bridges: they stay
-    p.with_serving(p.serving.with_sampler_saved(per_pass, per_sample, fit)).with_hosts(p.hosts).save(out)
-    click.echo(f"{p.meta.get('model')}: a sampled pass saves {1e6 * per_pass:.1f} us + {1e6 * per_sample:.2f} us "
-               f"per sampled entry; wrote {out}")
+    p.with_serving(p.serving.with_sampler_saved(batches, seconds, fit)).with_hosts(p.hosts).save(out)
+    click.echo(f"{p.meta.get('model')}: a sampled pass saves " + ", ".join(
+        f"{1e3 * s:.3f} ms at {b}" for b, s in zip(batches, seconds)) + f" sampled entries; wrote {out}")
 
 
 if __name__ == "__main__":

@@ -89,9 +89,7 @@ PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
 BUCKET_PATHS = ("mixed-graph", "mixed-prefill")  # the paths whose passes replay a graph of a token bucket
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
-           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s",
-           "sampler_saved_s", "sampler_saved_per_sample_s")
-OPTIONAL_NUMBERS = ("step_per_sample_s", "sampler_saved_s", "sampler_saved_per_sample_s")  # written when not 0
+           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
 # a greedy graph pass as it runs: on its own, or a decode step enqueued ahead; and a discarded one, before the next
 GREEDY_STEPS = ("step", "ahead", "discarded")
 # the greedy section: a step on its own or ahead as its price less what it saves, a line in its sampled entries; what
@@ -176,6 +174,33 @@ def _bucket_scales(scales: Mapping) -> dict[str, dict[int, float]]:
     return out
 
 
+def _sampler_saved(saved: Mapping) -> dict[str, list]:
+    """A section's ``sampler_saved`` ({} or {"batches": sampled entries, strictly increasing from 1, "seconds":
+    the saving at each, >= 0}), checked."""
+    if not isinstance(saved, Mapping) or (saved and sorted(saved) != ["batches", "seconds"]):
+        raise ValueError(f"serving sampler_saved must be an object of batches and seconds, got {saved!r}")
+    if not saved:
+        return {}
+    batches, seconds = saved["batches"], saved["seconds"]
+    if not isinstance(batches, Sequence) or not isinstance(seconds, Sequence) or not batches \
+            or len(batches) != len(seconds):
+        raise ValueError("serving sampler_saved needs as many seconds as batches, at least one")
+    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches) \
+            or any(b <= a for a, b in zip(batches, batches[1:])):
+        raise ValueError(f"serving sampler_saved batches must be sampled entries >= 1, increasing, got {batches!r}")
+    return {"batches": list(batches), "seconds": [_check(f"sampler_saved.seconds[{i}]", s)
+                                                  for i, s in enumerate(seconds)]}
+
+
+def _saved_table(saved: Mapping) -> list[float]:
+    """The saving at 0 .. the last measured batch of sampled entries (``np.interp``: the first batch's below it),
+    one lookup per simulated pass."""
+    if not saved:
+        return [0.0]
+    entries = np.arange(saved["batches"][-1] + 1)
+    return np.interp(entries, saved["batches"], saved["seconds"]).tolist()
+
+
 def _check(name: str, value, low: float = 0.0) -> float:
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and value >= low):
@@ -194,7 +219,7 @@ class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
     __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
-                 "noise_q", "greedy", "bucket_scale", "_delivery_base")
+                 "noise_q", "greedy", "bucket_scale", "sampler_saved", "_delivery_base", "_saved_by_samples")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -205,8 +230,8 @@ class ServingModel:
                  attention_scale: Mapping[str, float] | None = None, mixed_spread_s: float = 0.0,
                  noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0,
                  greedy: Mapping[str, float] | None = None,
-                 bucket_scale: Mapping[str, Mapping] | None = None, sampler_saved_s: float = 0.0,
-                 sampler_saved_per_sample_s: float = 0.0) -> None:
+                 bucket_scale: Mapping[str, Mapping] | None = None,
+                 sampler_saved: Mapping[str, Sequence] | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -216,8 +241,8 @@ class ServingModel:
         self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
         self.mixed_spread_s = _check("mixed_spread_s", mixed_spread_s)
         self.step_per_sample_s = _check("step_per_sample_s", step_per_sample_s)
-        self.sampler_saved_s = _check("sampler_saved_s", sampler_saved_s)
-        self.sampler_saved_per_sample_s = _check("sampler_saved_per_sample_s", sampler_saved_per_sample_s)
+        self.sampler_saved = _sampler_saved(sampler_saved or {})
+        self._saved_by_samples = _saved_table(self.sampler_saved)
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
@@ -286,10 +311,11 @@ class ServingModel:
 
     def sampler_saved_seconds(self, num_samples: int) -> float:
         """What a pass that ran the sampler on ``num_samples`` entries saves against its swept price, where the
-        engine's sampler changed since the sweep (``calibration.sampler_saved``); 0 for a pass that sampled none."""
-        if not num_samples:
-            return 0.0
-        return self.sampler_saved_s + self.sampler_saved_per_sample_s * num_samples
+        engine's sampler changed since the sweep (``calibration.sampler_saved``): the measured saving at that many
+        entries, linear between the measured batches, the nearest one's outside them; 0 for a pass that sampled
+        none or a section without it."""
+        table = self._saved_by_samples
+        return table[min(num_samples, len(table) - 1)] if num_samples else 0.0
 
     def loop_seconds(self, num_samples: int) -> float:
         """The engine loop's work after a pass that sampled ``num_samples`` entries."""
@@ -315,15 +341,16 @@ class ServingModel:
         return self._delivery_base + self.delivery_per_sample_s * num_samples
 
     def to_dict(self) -> dict:
-        # a section without work per sampled entry in its step, or no saving, keeps the form of the versions before
-        numbers = [name for name in NUMBERS if name not in OPTIONAL_NUMBERS or getattr(self, name)]
+        # a section without work per sampled entry in its step keeps the form of the versions before it
+        numbers = [name for name in NUMBERS if name != "step_per_sample_s" or self.step_per_sample_s]
         return {**{name: getattr(self, name) for name in numbers}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
                 **({"noise_q": self.noise_q.tolist()} if len(self.noise_q) else {}),
                 **({"greedy": self.greedy} if self.greedy else {}),
                 **({"bucket_scale": {path: {str(b): f for b, f in factors.items()}
-                                     for path, factors in self.bucket_scale.items()}} if self.bucket_scale else {})}
+                                     for path, factors in self.bucket_scale.items()}} if self.bucket_scale else {}),
+                **({"sampler_saved": self.sampler_saved} if self.sampler_saved else {})}
 
     def with_noise(self, noise_q: Sequence[float], fit: Mapping | None = None) -> ServingModel:
         """This section with ``noise_q`` as its served passes' spread (``served_noise``) and ``fit`` (how it was
@@ -338,11 +365,13 @@ class ServingModel:
         return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
                                        "fit": {**d["fit"], "levels": dict(fit or {})}})
 
-    def with_sampler_saved(self, per_pass_s: float, per_sample_s: float, fit: Mapping | None = None) -> ServingModel:
-        """This section with what a sampled pass saves since the sweep (``calibration.sampler_saved``) and ``fit``
-        (how it was measured) under the fit's "sampler_saved"."""
+    def with_sampler_saved(self, batches: Sequence[int], seconds: Sequence[float], fit: Mapping | None = None
+                           ) -> ServingModel:
+        """This section with what a sampled pass saves since the sweep, ``seconds`` at each of ``batches`` sampled
+        entries (``calibration.sampler_saved``), and ``fit`` (how it was measured) under the fit's
+        "sampler_saved"."""
         d = self.to_dict()
-        return ServingModel.from_dict({**d, "sampler_saved_s": per_pass_s, "sampler_saved_per_sample_s": per_sample_s,
+        return ServingModel.from_dict({**d, "sampler_saved": {"batches": list(batches), "seconds": list(seconds)},
                                        "fit": {**d["fit"], "sampler_saved": dict(fit or {})}})
 
     def with_step_per_sample(self, seconds: float, fit: Mapping | None = None) -> ServingModel:
@@ -392,7 +421,8 @@ class ServingModel:
                              "it saves (greedy): refit it on the greedy runs with `splitfuse validate --fit-greedy`, "
                              "or drop it to price greedy passes as sampled ones")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
-                                             "attention_scale", "fit", "noise_q", "greedy", "bucket_scale")]
+                                             "attention_scale", "fit", "noise_q", "greedy", "bucket_scale",
+                                             "sampler_saved")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from calibration.profile import load_profile
 from calibration.sampler_saved import fit_saved, main, measure
+from calibration.serving import ServingModel
 from engine.policy import PassFeatures
 
 
@@ -18,50 +19,63 @@ def decode(batch: int, context: int = 1000) -> PassFeatures:
                         decode_context=batch * context, prefill_attention=0, num_samples=batch)
 
 
-def test_the_saving_is_a_line_in_the_sampled_entries_never_below_nothing():
-    batches = [1, 16, 64, 128, 256]
-    swept = [0.010 + 20e-6 * n for n in batches]
-    engine = [0.0098 + 2e-6 * n for n in batches]
-    assert fit_saved(batches, swept, engine) == (pytest.approx(0.2e-3), pytest.approx(18e-6))
-    # a negative intercept is dropped and the slope refitted through 0
-    per_pass, per_sample = fit_saved(batches, [0.0 + 10e-6 * n for n in batches], [1e-4 + 0 * n for n in batches])
-    assert per_pass == 0.0 and 0 < per_sample < 10e-6
-    with pytest.raises(ValueError, match="two or more batches"):
-        fit_saved([1], [0.01], [0.009])
+def run(median_s, model: str = "llama-3-8b", batches=(1, 64, 256), commit: str = "x") -> dict:
+    return {"model": model, "batches": list(batches), "median_s": list(median_s), "prompt_len": 256,
+            "meta": {"card": "NVIDIA H200", "git_commit": commit, "date": "2026-11-30"}}
+
+
+def test_the_saving_is_the_mean_difference_per_batch_never_below_nothing():
+    batches, seconds = fit_saved([run([0.010, 0.012, 0.020]), run([0.012, 0.012, 0.022])],
+                                 [run([0.0095, 0.0125, 0.016])])
+    assert batches == [1, 64, 256] and seconds == [pytest.approx(1.5e-3), 0.0, pytest.approx(5e-3)]
+    with pytest.raises(ValueError, match="same batches"):
+        fit_saved([run([0.01, 0.01, 0.01])], [run([0.01, 0.01], batches=(1, 64))])
+    with pytest.raises(ValueError, match="one model"):
+        fit_saved([run([0.01, 0.01, 0.01])], [run([0.01, 0.01, 0.01], model="llama-2-7b")])
 
 
 def test_a_sampled_pass_costs_the_saving_less_and_a_greedy_one_as_before():
     shipped = load_profile("llama-3-8b-h200-bf16")
-    saved = shipped.with_serving(shipped.serving.with_sampler_saved(0.3e-3, 15e-6, {"card": "test"}))
-    f = decode(128)
-    assert shipped.predict(f, 0.0) - saved.predict(f, 0.0) == pytest.approx(0.3e-3 + 128 * 15e-6)
-    for kind in ("step", "ahead", "discarded"):
-        assert saved.greedy_seconds(f, kind, saved.predict(f, 0.0)) == pytest.approx(
-            shipped.greedy_seconds(f, kind, shipped.predict(f, 0.0)))
-    nothing = f._replace(num_samples=0)
+    saved = shipped.with_serving(shipped.serving.with_sampler_saved([1, 64, 256], [0.1e-3, 1.0e-3, 3.0e-3]))
+    for batch, less in ((1, 0.1e-3), (32, 0.1e-3 + 31 / 63 * 0.9e-3), (128, 1.0e-3 + 64 / 192 * 2e-3), (300, 3e-3)):
+        f = decode(batch)
+        assert shipped.predict(f, 0.0) - saved.predict(f, 0.0) == pytest.approx(less)
+        for kind in ("step", "ahead", "discarded"):
+            assert saved.greedy_seconds(f, kind, saved.predict(f, 0.0)) == pytest.approx(
+                shipped.greedy_seconds(f, kind, shipped.predict(f, 0.0)))
+    nothing = decode(16)._replace(num_samples=0)
     assert saved.predict(nothing, 0.0) == shipped.predict(nothing, 0.0)
     back = saved.serving.from_dict(saved.serving.to_dict())
-    assert (back.sampler_saved_s, back.sampler_saved_per_sample_s) == (0.3e-3, 15e-6)
-    assert "sampler_saved_s" not in shipped.serving.to_dict()  # a section without it keeps its older form
+    assert back.sampler_saved == {"batches": [1, 64, 256], "seconds": [0.1e-3, 1.0e-3, 3.0e-3]}
+    assert "sampler_saved" not in shipped.serving.to_dict()  # a section without it keeps its older form
 
 
-def test_apply_writes_the_fitted_saving_and_keeps_the_hosts(tmp_path):
-    batches = [1, 64, 256]
+@pytest.mark.parametrize("bad,match", [
+    ({"batches": [1, 64]}, "batches and seconds"),
+    ({"batches": [64, 1], "seconds": [0.0, 0.0]}, "increasing"),
+    ({"batches": [0, 1], "seconds": [0.0, 0.0]}, "increasing"),
+    ({"batches": [1, 2], "seconds": [0.0]}, "as many seconds"),
+    ({"batches": [1, 2], "seconds": [0.0, -1e-3]}, "finite number >= 0"),
+])
+def test_a_malformed_saving_is_refused_by_name(bad, match):
+    d = load_profile("llama-3-8b-h200-bf16").serving.to_dict()
+    with pytest.raises(ValueError, match=match):
+        ServingModel.from_dict({**d, "sampler_saved": bad})
 
+
+def test_apply_writes_the_measured_saving_and_keeps_the_hosts(tmp_path):
     def measured(name: str, per_sample: float) -> str:
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"model": "llama-3-8b", "batches": batches,
-                                    "median_s": [0.008 + per_sample * n for n in batches],
-                                    "meta": {"card": "NVIDIA H200", "git_commit": name, "date": "2026-11-30"}}))
+        path.write_text(json.dumps(run([0.008 + per_sample * n for n in (1, 64, 256)], commit=name)))
         return str(path)
 
     out = tmp_path / "saved.json"
-    args = ["apply", "llama-3-8b-h200-bf16", "--swept", measured("then", 20e-6), "--engine", measured("now", 4e-6),
-            "--out", str(out)]
+    args = ["apply", "llama-3-8b-h200-bf16", "--swept", measured("then", 20e-6), "--swept", measured("again", 22e-6),
+            "--engine", measured("now", 4e-6), "--out", str(out)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     profile, shipped = load_profile(out), load_profile("llama-3-8b-h200-bf16")
-    assert profile.serving.sampler_saved_per_sample_s == pytest.approx(16e-6)
+    assert profile.serving.sampler_saved["seconds"] == pytest.approx([17e-6 * n for n in (1, 64, 256)])
     assert profile.serving.fit["sampler_saved"]["swept_commit"] == "then"
     assert profile.hosts.to_dict() == shipped.hosts.to_dict()
     other = CliRunner().invoke(main, ["apply", "llama-2-7b-h200-bf16", *args[2:]])
