@@ -11,8 +11,9 @@ decode steps, the same requests on the same card with the engine of the sweep an
     python -m calibration.sampler_saved apply llama-3-8b-h200-bf16 --swept then.json --engine now.json --out F
 
 ``apply`` takes the saving at each measured batch (``fit_saved``; ``--swept`` and ``--engine`` may each be given
-several times, alternate runs, and are averaged) and writes it into the profile's serving section, which prices a
-sampled pass that much less (``Profile.predict``), and a greedy one as before: it never ran the sampler.
+several times, alternate runs or models of the profile's vocabulary, and are averaged) and writes it into the
+profile's serving section, which prices a sampled pass that much less (``Profile.predict``), and a greedy one as
+before: it never ran the sampler.
 """
 
 from __future__ import annotations
@@ -26,40 +27,55 @@ import numpy as np
 BATCHES = (1, 16, 64, 128, 256)
 
 
-def decode_spans(llm, batch: int, prompt_len: int, steps: int, rng: np.random.Generator) -> list[float]:
+def decode_spans(llm, batch: int, prompt_len: int, steps: int, rng: np.random.Generator,
+                 chunk_budget: int = 0) -> list[float]:
     """The spans from schedule to update (a profile's pass, ``PassRecord``) of the decode steps that held all
     ``batch`` requests of ``prompt_len`` random tokens, sampling at temperature 1 (what the sweep and the benchmark
     client ask for): at least ``steps`` of them, each request's outputs outlasting the prompts' passes (a pass
-    takes 256 prompt tokens or more beside 256 decodes or fewer)."""
+    takes 256 prompt tokens or more beside 256 decodes or fewer). ``chunk_budget``: the passes' token budget, which
+    prompts sent behind the batch (one output each) then fill beside its decodes: the spans are of those passes
+    (a prompt chunk beside the batch's decodes, sampling only them) instead."""
     from engine.policy import SamplingParams
 
     vocab = llm.model_config.vocab_size
-    params = SamplingParams(max_tokens=steps - (-batch * prompt_len // 256), temperature=1.0, ignore_eos=True)
+    filler = steps * (chunk_budget - batch) if chunk_budget else 0
+    outputs = steps - (-batch * prompt_len // 256) - (-filler // max(1, chunk_budget - batch))
+    params = SamplingParams(max_tokens=outputs, temperature=1.0, ignore_eos=True)
     for _ in range(batch):
         llm.add_request(rng.integers(3, vocab, prompt_len).tolist(), params)
+    longest = llm.max_model_len - 1
+    while filler > 0:
+        n = min(longest, filler)
+        llm.add_request(rng.integers(3, vocab, n).tolist(), SamplingParams(max_tokens=1, ignore_eos=True))
+        filler -= n
     records = []
     stop = llm.trace_passes(records.append)
     while llm.has_unfinished():
         llm.step()
     stop()
-    return [r.updated - r.start for r in records if r.features.num_tokens == r.features.decode_tokens == batch]
+    f = [r.features for r in records]
+    return [r.updated - r.start for r, x in zip(records, f) if x.decode_tokens == x.num_samples == batch
+            and bool(x.prefill_tokens) == bool(chunk_budget)]
 
 
 def measure(model: str, batches=BATCHES, prompt_len: int = 256, steps: int = 48, seed: int = 0,
-            device: str = "cuda") -> dict:
-    """Median decode-step seconds per batch of ``model`` (random weights) on this engine."""
+            device: str = "cuda", chunked: bool = False) -> dict:
+    """Median decode-step seconds per batch of ``model`` (random weights) on this engine; ``chunked``: of passes
+    that also carry a prompt chunk up to the token budget (``decode_spans``)."""
     from engine.config import EngineConfig
     from engine.llm import LLMEngine
     from engine.policy import PolicyConfig
 
     dtype = "bfloat16" if device == "cuda" else "float32"
-    llm = LLMEngine(EngineConfig(model, PolicyConfig(), dtype=dtype, device=device, seed=seed))
+    policy = PolicyConfig()
+    llm = LLMEngine(EngineConfig(model, policy, dtype=dtype, device=device, seed=seed))
     rng = np.random.default_rng(seed)
-    decode_spans(llm, 4, prompt_len, 8, rng)  # warm up
-    spans = {b: decode_spans(llm, b, prompt_len, steps, rng) for b in batches}
+    budget = policy.token_budget if chunked else 0
+    decode_spans(llm, 4, prompt_len, 8, rng, budget)  # warm up
+    spans = {b: decode_spans(llm, b, prompt_len, steps, rng, budget) for b in batches}
     vocab = llm.model_config.vocab_size
     llm.close()
-    return {"model": model, "vocab_size": vocab, "prompt_len": prompt_len, "steps": steps,
+    return {"model": model, "vocab_size": vocab, "prompt_len": prompt_len, "steps": steps, "chunked": chunked,
             "batches": list(batches), "median_s": [float(np.median(spans[b])) for b in batches],
             "count": [len(spans[b]) for b in batches]}
 
@@ -67,12 +83,14 @@ def measure(model: str, batches=BATCHES, prompt_len: int = 256, steps: int = 48,
 def fit_saved(swept: list[dict], engine: list[dict]) -> tuple[list[int], list[float]]:
     """(Batches, seconds saved at each): the mean over the ``swept`` measurements (``measure`` on the engine of the
     sweep) less the mean over the ``engine`` ones, at least 0. The saving is kept per measured batch, not as a line:
-    a sort's time jumps with the rows (for llama-3-8b on an H200 it doubled from 64 rows to 128). ValueError unless
-    all are of one model and the same batches."""
+    a sort's time jumps with the rows (for llama-3-8b on an H200 it doubled from 64 rows to 128). Measurements of
+    models of one vocabulary pool: the sampler sees only the logits. ValueError unless all have one vocabulary and
+    the same batches."""
     runs = [*swept, *engine]
-    if not swept or not engine or any((r["model"], r["batches"]) != (runs[0]["model"], runs[0]["batches"])
-                                      for r in runs):
-        raise ValueError("the measurements must be of one model and the same batches, on both engines")
+    key = lambda r: (r["vocab_size"], r["batches"], r.get("chunked", False))  # noqa: E731
+    if not swept or not engine or any(key(r) != key(runs[0]) for r in runs):
+        raise ValueError("the measurements must be of one vocabulary, the same batches and the same passes (with "
+                         "prompt chunks or without), on both engines")
     saved = (np.mean([r["median_s"] for r in swept], axis=0) - np.mean([r["median_s"] for r in engine], axis=0))
     return list(runs[0]["batches"]), np.maximum(saved, 0.0).tolist()
 
@@ -89,14 +107,16 @@ def main() -> None:
 @click.option("--prompt-len", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--steps", type=click.IntRange(min=2), default=48, show_default=True)
 @click.option("--device", default="cuda", show_default=True)
-def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps: int, device: str) -> None:
+@click.option("--chunked", is_flag=True, help="Passes with a prompt chunk beside the decodes, up to the budget.")
+def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps: int, device: str,
+                    chunked: bool) -> None:
     """Time this engine's decode steps per batch; write them as JSON with the card and commit."""
     import torch
 
     from benchmarks.common import run_metadata
 
     torch.set_grad_enabled(False)
-    result = measure(model, [int(b) for b in batches.split(",")], prompt_len, steps, device=device)
+    result = measure(model, [int(b) for b in batches.split(",")], prompt_len, steps, device=device, chunked=chunked)
     result["meta"] = run_metadata()
     for b, s, c in zip(result["batches"], result["median_s"], result["count"]):
         click.echo(f"{model} batch {b:>4}: {1e3 * s:8.3f} ms median of {c} decode steps")
@@ -113,20 +133,24 @@ def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps:
 def apply_command(profile: str, swept: tuple[Path, ...], engine: tuple[Path, ...], out: Path) -> None:
     """Write PROFILE with the saving measured by the two engines in its serving section."""
     from calibration.profile import load_profile
+    from engine.presets import PRESETS
 
     p = load_profile(profile)
     then, now = ([json.loads(f.read_text()) for f in files] for files in (swept, engine))
     if p.serving is None:
         raise click.UsageError(f"{profile} has no serving section to hold the saving")
-    if then[0]["model"] != p.meta.get("model"):
-        raise click.UsageError(f"the measurements are of {then[0]['model']}, the profile of {p.meta.get('model')}")
+    vocab = PRESETS.get(p.meta.get("model"), {}).get("vocab_size")
+    if then[0]["vocab_size"] != vocab:
+        raise click.UsageError(f"the measurements are of a vocabulary of {then[0]['vocab_size']} tokens, the "
+                               f"profile's model {p.meta.get('model')} has {vocab}")
     try:
         batches, seconds = fit_saved(then, now)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    fit = {"swept_s": [r["median_s"] for r in then], "engine_s": [r["median_s"] for r in now],
-           "card": now[0]["meta"]["card"], "swept_commit": then[0]["meta"]["git_commit"],
-           "engine_commit": now[0]["meta"]["git_commit"], "date": now[0]["meta"]["date"],
+    fit = {"models": sorted({r["model"] for r in then + now}), "swept_s": [r["median_s"] for r in then],
+           "engine_s": [r["median_s"] for r in now],
+           "card": now[0]["meta"]["card"], "swept_commit": then[0]["meta"]["commit"],
+           "engine_commit": now[0]["meta"]["commit"], "date": now[0]["meta"]["date"],
            "prompt_len": now[0]["prompt_len"]}
     # its hosts were measured against the engine of the sweep, which this saving bridges: they stay
     p.with_serving(p.serving.with_sampler_saved(batches, seconds, fit)).with_hosts(p.hosts).save(out)

@@ -19,9 +19,9 @@ def decode(batch: int, context: int = 1000) -> PassFeatures:
                         decode_context=batch * context, prefill_attention=0, num_samples=batch)
 
 
-def run(median_s, model: str = "llama-3-8b", batches=(1, 64, 256), commit: str = "x") -> dict:
-    return {"model": model, "batches": list(batches), "median_s": list(median_s), "prompt_len": 256,
-            "meta": {"card": "NVIDIA H200", "git_commit": commit, "date": "2026-11-30"}}
+def run(median_s, model: str = "llama-3-8b", batches=(1, 64, 256), commit: str = "x", vocab: int = 128256) -> dict:
+    return {"model": model, "vocab_size": vocab, "batches": list(batches), "median_s": list(median_s),
+            "prompt_len": 256, "meta": {"card": "NVIDIA H200", "commit": commit, "date": "2026-11-30"}}
 
 
 def test_the_saving_is_the_mean_difference_per_batch_never_below_nothing():
@@ -30,12 +30,17 @@ def test_the_saving_is_the_mean_difference_per_batch_never_below_nothing():
     assert batches == [1, 64, 256] and seconds == [pytest.approx(1.5e-3), 0.0, pytest.approx(5e-3)]
     with pytest.raises(ValueError, match="same batches"):
         fit_saved([run([0.01, 0.01, 0.01])], [run([0.01, 0.01], batches=(1, 64))])
-    with pytest.raises(ValueError, match="one model"):
-        fit_saved([run([0.01, 0.01, 0.01])], [run([0.01, 0.01, 0.01], model="llama-2-7b")])
+    with pytest.raises(ValueError, match="one vocabulary"):
+        fit_saved([run([0.01, 0.01, 0.01])], [run([0.01, 0.01, 0.01], model="llama-2-7b", vocab=32000)])
+    # models of one vocabulary pool
+    assert fit_saved([run([0.01] * 3, model="llama-2-7b", vocab=32000)],
+                     [run([0.009] * 3, model="llama-2-13b", vocab=32000)])[1] == pytest.approx([1e-3] * 3)
 
 
 def test_a_sampled_pass_costs_the_saving_less_and_a_greedy_one_as_before():
     shipped = load_profile("llama-3-8b-h200-bf16")
+    section = {k: v for k, v in shipped.serving.to_dict().items() if k != "sampler_saved"}
+    shipped = shipped.with_serving(ServingModel.from_dict(section))  # as swept, nothing saved
     saved = shipped.with_serving(shipped.serving.with_sampler_saved([1, 64, 256], [0.1e-3, 1.0e-3, 3.0e-3]))
     for batch, less in ((1, 0.1e-3), (32, 0.1e-3 + 31 / 63 * 0.9e-3), (128, 1.0e-3 + 64 / 192 * 2e-3), (300, 3e-3)):
         f = decode(batch)
@@ -79,10 +84,12 @@ def test_apply_writes_the_measured_saving_and_keeps_the_hosts(tmp_path):
     assert profile.serving.fit["sampler_saved"]["swept_commit"] == "then"
     assert profile.hosts.to_dict() == shipped.hosts.to_dict()
     other = CliRunner().invoke(main, ["apply", "llama-2-7b-h200-bf16", *args[2:]])
-    assert other.exit_code != 0 and "the measurements are of llama-3-8b" in other.output
+    assert other.exit_code != 0 and "the profile's model llama-2-7b has 32000" in other.output
 
 
 def test_measure_times_full_batch_decode_steps_on_this_engine():
     result = measure("tiny-llama", batches=[1, 4], prompt_len=8, steps=6, device="cpu")
     assert result["vocab_size"] == 320 and min(result["count"]) >= 6
     assert all(s > 0 for s in result["median_s"])
+    chunked = measure("tiny-llama", batches=[4], prompt_len=8, steps=6, device="cpu", chunked=True)
+    assert chunked["chunked"] and chunked["count"][0] >= 1 and chunked["median_s"][0] > result["median_s"][1]
