@@ -53,7 +53,7 @@ FORMAT = "splitfuse-profile"
 # section may carry the served passes' spread ("noise_q"), which the simulator then draws from; 16: the serving
 # section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s"); 17, 18: greedy
 # passes (``calibration.serving``); 19: a factor per mixed-graph bucket on the serving section's scale
-# ("bucket_scale"); 20: what a sampled pass saves since the sweep, by its sampled entries ("sampler_saved").
+# ("bucket_scale"); 20: what a sampled pass saves since the sweep, by its kind and sampled entries ("sampler_saved").
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
@@ -107,7 +107,7 @@ class Profile:
             step += attention * self.model.attention_seconds(f)
         bucket = self.model.bucket(f) if serving.bucket_scale else 0
         return (serving.step_seconds(path, step, f.num_samples, heat, bucket) + serving.loop_seconds(f.num_samples)
-                + serving.spread_seconds(f) - serving.sampler_saved_seconds(f.num_samples))
+                + serving.spread_seconds(f) - serving.sampler_saved_seconds(f.num_samples, f.prefill_tokens))
 
     def greedy_seconds(self, f: PassFeatures, kind: str, price: float) -> float | None:
         """What a served pass of features ``f`` whose entries all take their argmax takes, priced ``price`` seconds
@@ -119,7 +119,7 @@ class Profile:
         path = self.model.path(f)
         if not f.num_samples or path not in GRAPH_PATHS or (kind != "step" and path != "decode-graph"):
             return None
-        price += self.serving.sampler_saved_seconds(f.num_samples)
+        price += self.serving.sampler_saved_seconds(f.num_samples, f.prefill_tokens)
         return self.serving.greedy_seconds(kind, price, f.num_samples)
 
     def attention_seconds(self, f: PassFeatures) -> float:

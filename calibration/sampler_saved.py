@@ -92,7 +92,10 @@ def fit_saved(swept: list[dict], engine: list[dict]) -> tuple[list[int], list[fl
         raise ValueError("the measurements must be of one vocabulary, the same batches and the same passes (with "
                          "prompt chunks or without), on both engines")
     saved = (np.mean([r["median_s"] for r in swept], axis=0) - np.mean([r["median_s"] for r in engine], axis=0))
-    return list(runs[0]["batches"]), np.maximum(saved, 0.0).tolist()
+    timed = np.isfinite(saved)  # a batch no pass held (with a chunk, max_num_seqs can leave no room for it)
+    if not timed.any():
+        raise ValueError("no batch was timed on both engines")
+    return [b for b, t in zip(runs[0]["batches"], timed) if t], np.maximum(saved[timed], 0.0).tolist()
 
 
 @click.group()
@@ -131,7 +134,8 @@ def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps:
               help="`measure` on the engine now, same card (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
 def apply_command(profile: str, swept: tuple[Path, ...], engine: tuple[Path, ...], out: Path) -> None:
-    """Write PROFILE with the saving measured by the two engines in its serving section."""
+    """Write PROFILE with the saving measured by the two engines in its serving section: of decode steps, and of
+    passes with a prompt chunk where measurements with --chunked are among them."""
     from calibration.profile import load_profile
     from engine.presets import PRESETS
 
@@ -143,19 +147,26 @@ def apply_command(profile: str, swept: tuple[Path, ...], engine: tuple[Path, ...
     if then[0]["vocab_size"] != vocab:
         raise click.UsageError(f"the measurements are of a vocabulary of {then[0]['vocab_size']} tokens, the "
                                f"profile's model {p.meta.get('model')} has {vocab}")
-    try:
-        batches, seconds = fit_saved(then, now)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    fit = {"models": sorted({r["model"] for r in then + now}), "swept_s": [r["median_s"] for r in then],
-           "engine_s": [r["median_s"] for r in now],
-           "card": now[0]["meta"]["card"], "swept_commit": then[0]["meta"]["commit"],
-           "engine_commit": now[0]["meta"]["commit"], "date": now[0]["meta"]["date"],
-           "prompt_len": now[0]["prompt_len"]}
+    saved, fit = {}, {"models": sorted({r["model"] for r in then + now}), "card": now[0]["meta"]["card"],
+                      "swept_commit": then[0]["meta"]["commit"], "engine_commit": now[0]["meta"]["commit"],
+                      "date": now[0]["meta"]["date"], "prompt_len": now[0]["prompt_len"]}
+    for kind, chunked in (("decode", False), ("mixed", True)):
+        kind_then = [r for r in then if r.get("chunked", False) == chunked]
+        kind_now = [r for r in now if r.get("chunked", False) == chunked]
+        if not kind_then and not kind_now and chunked:
+            continue
+        try:
+            batches, seconds = fit_saved(kind_then, kind_now)
+        except ValueError as e:
+            raise click.UsageError(f"{kind} passes: {e}") from None
+        saved[kind] = {"batches": batches, "seconds": seconds}
+        fit[kind] = {f"{name}_s": [[x if np.isfinite(x) else None for x in r["median_s"]] for r in runs]
+                     for name, runs in (("swept", kind_then), ("engine", kind_now))}
+        click.echo(f"{p.meta.get('model')}: a sampled {kind} pass saves " + ", ".join(
+            f"{1e3 * x:.3f} ms at {b}" for b, x in zip(batches, seconds)) + " sampled entries")
     # its hosts were measured against the engine of the sweep, which this saving bridges: they stay
-    p.with_serving(p.serving.with_sampler_saved(batches, seconds, fit)).with_hosts(p.hosts).save(out)
-    click.echo(f"{p.meta.get('model')}: a sampled pass saves " + ", ".join(
-        f"{1e3 * s:.3f} ms at {b}" for b, s in zip(batches, seconds)) + f" sampled entries; wrote {out}")
+    p.with_serving(p.serving.with_sampler_saved(saved, fit)).with_hosts(p.hosts).save(out)
+    click.echo(f"wrote {out}")
 
 
 if __name__ == "__main__":

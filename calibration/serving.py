@@ -69,6 +69,12 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   a full chunk's level, one of 240 tokens 13%; ``calibration/VALIDATION.md``, forty-third round), which a factor per
   bucket, each host's median over its path's median, then the median over hosts, carries (``fit_bucket_scales``,
   ``--fit-buckets``). Older sections have none: every bucket at the path's scale.
+- what a sampled pass saves since the sweep (from profile version 20): ``sampler_saved``, a table of seconds by
+  sampled entries for decode-only passes and, where measured, one for passes with prompt tokens. The profiles were
+  swept with a sampler that sorted every sampled row over the vocabulary; the engine since commit 0570fa2 draws
+  rows without top-k or top-p in vocabulary order. Measured as the engine's own steps on one card with each engine
+  (``calibration.sampler_saved``) and taken off the price of every pass that runs the sampler (greedy passes never
+  did). Older sections have none: the sweep's sampler.
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
@@ -94,6 +100,7 @@ NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_
 GREEDY_STEPS = ("step", "ahead", "discarded")
 # the greedy section: a step on its own or ahead as its price less what it saves, a line in its sampled entries; what
 # a discarded one adds to the next pass as a share of its price
+SAVED_KINDS = ("decode", "mixed")  # the sampler's saving since the sweep: decode-only passes, passes with prompts
 GREEDY_KEYS = ("step_saved_s", "step_saved_per_sample_s", "ahead_saved_s", "ahead_saved_per_sample_s", "discarded")
 HEAT_TAU_S = 0.1  # the heat's time constant: the card's power control follows the last few passes
 QUANTILES = 64  # points kept of each measured delay distribution
@@ -174,31 +181,35 @@ def _bucket_scales(scales: Mapping) -> dict[str, dict[int, float]]:
     return out
 
 
-def _sampler_saved(saved: Mapping) -> dict[str, list]:
-    """A section's ``sampler_saved`` ({} or {"batches": sampled entries, strictly increasing from 1, "seconds":
-    the saving at each, >= 0}), checked."""
-    if not isinstance(saved, Mapping) or (saved and sorted(saved) != ["batches", "seconds"]):
-        raise ValueError(f"serving sampler_saved must be an object of batches and seconds, got {saved!r}")
-    if not saved:
-        return {}
-    batches, seconds = saved["batches"], saved["seconds"]
-    if not isinstance(batches, Sequence) or not isinstance(seconds, Sequence) or not batches \
-            or len(batches) != len(seconds):
-        raise ValueError("serving sampler_saved needs as many seconds as batches, at least one")
-    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches) \
-            or any(b <= a for a, b in zip(batches, batches[1:])):
-        raise ValueError(f"serving sampler_saved batches must be sampled entries >= 1, increasing, got {batches!r}")
-    return {"batches": list(batches), "seconds": [_check(f"sampler_saved.seconds[{i}]", s)
-                                                  for i, s in enumerate(seconds)]}
+def _sampler_saved(saved: Mapping) -> dict[str, dict[str, list]]:
+    """A section's ``sampler_saved``, checked: {} or {"decode": table[, "mixed": table]}, the saving of decode-only
+    passes and of passes with prompt tokens (the decode one's where absent), a table {"batches": sampled entries,
+    strictly increasing from 1, "seconds": the saving at each, >= 0}."""
+    if not isinstance(saved, Mapping) or (saved and ("decode" not in saved or set(saved) - set(SAVED_KINDS))):
+        raise ValueError(f"serving sampler_saved must be an object of a decode and maybe a mixed table, got {saved!r}")
+    out = {}
+    for kind, table in saved.items():
+        where = f"serving sampler_saved[{kind}]"
+        if not isinstance(table, Mapping) or sorted(table) != ["batches", "seconds"]:
+            raise ValueError(f"{where} must be an object of batches and seconds, got {table!r}")
+        batches, seconds = table["batches"], table["seconds"]
+        if not isinstance(batches, Sequence) or not isinstance(seconds, Sequence) or not batches \
+                or len(batches) != len(seconds):
+            raise ValueError(f"{where} needs as many seconds as batches, at least one")
+        if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches) \
+                or any(b <= a for a, b in zip(batches, batches[1:])):
+            raise ValueError(f"{where} batches must be sampled entries >= 1, increasing, got {batches!r}")
+        out[kind] = {"batches": list(batches),
+                     "seconds": [_check(f"sampler_saved[{kind}].seconds[{i}]", x) for i, x in enumerate(seconds)]}
+    return out
 
 
-def _saved_table(saved: Mapping) -> list[float]:
+def _saved_table(table: Mapping | None) -> list[float]:
     """The saving at 0 .. the last measured batch of sampled entries (``np.interp``: the first batch's below it),
     one lookup per simulated pass."""
-    if not saved:
+    if not table:
         return [0.0]
-    entries = np.arange(saved["batches"][-1] + 1)
-    return np.interp(entries, saved["batches"], saved["seconds"]).tolist()
+    return np.interp(np.arange(table["batches"][-1] + 1), table["batches"], table["seconds"]).tolist()
 
 
 def _check(name: str, value, low: float = 0.0) -> float:
@@ -242,7 +253,8 @@ class ServingModel:
         self.mixed_spread_s = _check("mixed_spread_s", mixed_spread_s)
         self.step_per_sample_s = _check("step_per_sample_s", step_per_sample_s)
         self.sampler_saved = _sampler_saved(sampler_saved or {})
-        self._saved_by_samples = _saved_table(self.sampler_saved)
+        self._saved_by_samples = {kind: _saved_table(self.sampler_saved.get(kind, self.sampler_saved.get("decode")))
+                                  for kind in SAVED_KINDS}
         self.admission_q, self.delivery_q = _quantiles("admission_q", admission_q), _quantiles("delivery_q",
                                                                                                 delivery_q)
         self._delivery_base = float(np.median(self.delivery_q))  # once: the simulator asks after every pass
@@ -309,12 +321,12 @@ class ServingModel:
             return g["discarded"] * price
         return max(0.0, price - g[f"{kind}_saved_s"] - g[f"{kind}_saved_per_sample_s"] * num_samples)
 
-    def sampler_saved_seconds(self, num_samples: int) -> float:
+    def sampler_saved_seconds(self, num_samples: int, prefill_tokens: int = 0) -> float:
         """What a pass that ran the sampler on ``num_samples`` entries saves against its swept price, where the
-        engine's sampler changed since the sweep (``calibration.sampler_saved``): the measured saving at that many
-        entries, linear between the measured batches, the nearest one's outside them; 0 for a pass that sampled
-        none or a section without it."""
-        table = self._saved_by_samples
+        engine's sampler changed since the sweep (``calibration.sampler_saved``): the saving measured at that many
+        entries in passes of its kind (with ``prefill_tokens`` or without), linear between the measured batches, the
+        nearest one's outside them; 0 for a pass that sampled none or a section without it."""
+        table = self._saved_by_samples["mixed" if prefill_tokens else "decode"]
         return table[min(num_samples, len(table) - 1)] if num_samples else 0.0
 
     def loop_seconds(self, num_samples: int) -> float:
@@ -365,13 +377,12 @@ class ServingModel:
         return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
                                        "fit": {**d["fit"], "levels": dict(fit or {})}})
 
-    def with_sampler_saved(self, batches: Sequence[int], seconds: Sequence[float], fit: Mapping | None = None
-                           ) -> ServingModel:
-        """This section with what a sampled pass saves since the sweep, ``seconds`` at each of ``batches`` sampled
-        entries (``calibration.sampler_saved``), and ``fit`` (how it was measured) under the fit's
-        "sampler_saved"."""
+    def with_sampler_saved(self, saved: Mapping[str, Mapping], fit: Mapping | None = None) -> ServingModel:
+        """This section with ``saved``, what a sampled pass saves since the sweep ({"decode": {"batches": [...],
+        "seconds": [...]}[, "mixed": ...]}, ``calibration.sampler_saved``), and ``fit`` (how it was measured) under
+        the fit's "sampler_saved"."""
         d = self.to_dict()
-        return ServingModel.from_dict({**d, "sampler_saved": {"batches": list(batches), "seconds": list(seconds)},
+        return ServingModel.from_dict({**d, "sampler_saved": dict(saved),
                                        "fit": {**d["fit"], "sampler_saved": dict(fit or {})}})
 
     def with_step_per_sample(self, seconds: float, fit: Mapping | None = None) -> ServingModel:
