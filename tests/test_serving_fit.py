@@ -292,7 +292,7 @@ def test_a_pass_of_prompts_alone_has_a_scale_of_its_own(base, alone, prompt):
     (and heat); a section from before prices it at the base path's, as it did."""
     assert [scale_path(base, 0), scale_path(base, 3), scale_path("decode-graph", 0)] == [alone, base, "decode-graph"]
     profile = load_profile("llama-2-7b-h200")
-    section = {**profile.serving.to_dict(), "attention_scale": {}, "bucket_scale": {}}  # the step as swept
+    section = {**profile.serving.to_dict(), "attention_scale": {}, "bucket_scale": {}, "sampler_saved": {}}  # as swept
     older = {**section, "path_scale": {p: v for p, v in section["path_scale"].items() if p != alone},
              "heat_scale": {p: v for p, v in section["heat_scale"].items() if p != alone}}
     before = ServingModel.from_dict(older)

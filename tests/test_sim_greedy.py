@@ -79,7 +79,8 @@ def test_a_profile_prices_greedy_graph_passes_and_runs_only_decode_steps_ahead()
     from engine.policy import PassFeatures
 
     profile = load_profile("llama-2-7b-h200-bf16")
-    profile = profile.with_serving(profile.serving.with_greedy(GREEDY))
+    swept = ServingModel.from_dict({**profile.serving.to_dict(), "sampler_saved": {}})  # the sweep's sampler
+    profile = profile.with_serving(swept.with_greedy(GREEDY))
     decode = PassFeatures(32, 0, 32, 32, 0, 32 * 500, 0, 32)
     mixed = PassFeatures(544, 512, 32, 33, 1, 32 * 500, 512 * 700, 33)
     chunk = PassFeatures(512, 512, 0, 1, 1, 0, 512 * 300, 0)
