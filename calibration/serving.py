@@ -47,7 +47,8 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   with the batch faster than in the sweep, by a card's host: on the cells of four mistral-7b H200 cards the served
   decode step ran 0.98 of its price at up to 8 sequences and 1.04-1.09 at 96-128 (``calibration/VALIDATION.md``,
   thirty-eighth round), so one level per path read a long mix's small batches too dear and a short mix's large
-  ones too cheap. Older sections have none;
+  ones too cheap. On the engine whose sampler no longer sorts (from 0570fa2) two llama-3-8b cards wanted none of
+  it (``calibration/VALIDATION.md``, forty-fifth round): much of it was the old sampler's. Older sections have none;
 - the spread of served passes around their price (from profile version 15): ``noise_q``, quantiles of each served
   pass's time (step and loop) over the section's price, each run's over its median, each host's distribution
   weighing as one (``served_noise``). The simulator draws each pass's factor from it instead of the sweep's repeats
