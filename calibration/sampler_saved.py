@@ -87,7 +87,10 @@ def fit_saved(swept: list[dict], engine: list[dict]) -> tuple[list[int], list[fl
     models of one vocabulary pool: the sampler sees only the logits. ValueError unless all have one vocabulary and
     the same batches."""
     runs = [*swept, *engine]
-    key = lambda r: (r["vocab_size"], r["batches"], r.get("chunked", False))  # noqa: E731
+
+    def key(run: dict) -> tuple:
+        return run["vocab_size"], run["batches"], run.get("chunked", False)
+
     if not swept or not engine or any(key(r) != key(runs[0]) for r in runs):
         raise ValueError("the measurements must be of one vocabulary, the same batches and the same passes (with "
                          "prompt chunks or without), on both engines")
@@ -114,13 +117,17 @@ def main() -> None:
 def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps: int, device: str,
                     chunked: bool) -> None:
     """Time this engine's decode steps per batch; write them as JSON with the card and commit."""
+    import datetime
+
     import torch
 
-    from benchmarks.common import run_metadata
+    from calibration.sweep import git_commit, versions
 
     torch.set_grad_enabled(False)
     result = measure(model, [int(b) for b in batches.split(",")], prompt_len, steps, device=device, chunked=chunked)
-    result["meta"] = run_metadata()
+    result["meta"] = {"card": torch.cuda.get_device_name() if device == "cuda" else device, "commit": git_commit(),
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "versions": versions()}
     for b, s, c in zip(result["batches"], result["median_s"], result["count"]):
         click.echo(f"{model} batch {b:>4}: {1e3 * s:8.3f} ms median of {c} decode steps")
     out.write_text(json.dumps(result, indent=1))

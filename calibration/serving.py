@@ -422,9 +422,8 @@ class ServingModel:
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
         prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry,
         before 17 no greedy decode steps (priced as sampled ones), before 19 no factor per graph bucket, before 20 no
-        sampler saving since the sweep. Version 17's
-        ``greedy_scale`` priced a step ahead as a share of its price, which the host work it hides is not: such a
-        section is refused, named."""
+        sampler saving since the sweep. Version 17's ``greedy_scale`` priced a step ahead as a share of its price,
+        which the host work it hides is not: such a section is refused, named."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         if "greedy_scale" in d:
