@@ -106,15 +106,26 @@ def main() -> None:
     """Measure and apply what a sampled pass saves since a profile's sweep."""
 
 
+def _batches(ctx, param, text: str) -> list[int]:
+    """``--batches`` "1,16,64" as positive increasing integers, or a usage error naming the value."""
+    try:
+        batches = [int(b) for b in text.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1 or any(b <= a for a, b in zip(batches, batches[1:])):
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of increasing batch sizes >= 1")
+    return batches
+
+
 @main.command("measure")
 @click.option("--model", required=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--batches", default=",".join(map(str, BATCHES)), show_default=True)
+@click.option("--batches", default=",".join(map(str, BATCHES)), show_default=True, callback=_batches)
 @click.option("--prompt-len", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--steps", type=click.IntRange(min=2), default=48, show_default=True)
 @click.option("--device", default="cuda", show_default=True)
 @click.option("--chunked", is_flag=True, help="Passes with a prompt chunk beside the decodes, up to the budget.")
-def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps: int, device: str,
+def measure_command(model: str, out: Path, batches: list[int], prompt_len: int, steps: int, device: str,
                     chunked: bool) -> None:
     """Time this engine's decode steps per batch; write them as JSON with the card and commit."""
     import datetime
@@ -124,7 +135,7 @@ def measure_command(model: str, out: Path, batches: str, prompt_len: int, steps:
     from calibration.sweep import git_commit, versions
 
     torch.set_grad_enabled(False)
-    result = measure(model, [int(b) for b in batches.split(",")], prompt_len, steps, device=device, chunked=chunked)
+    result = measure(model, batches, prompt_len, steps, device=device, chunked=chunked)
     result["meta"] = {"card": torch.cuda.get_device_name() if device == "cuda" else device, "commit": git_commit(),
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       "versions": versions()}

@@ -114,3 +114,11 @@ def test_measure_times_full_batch_decode_steps_on_this_engine():
     assert all(s > 0 for s in result["median_s"])
     chunked = measure("tiny-llama", batches=[4], prompt_len=8, steps=6, device="cpu", chunked=True)
     assert chunked["chunked"] and chunked["count"][0] >= 1 and chunked["median_s"][0] > result["median_s"][1]
+
+
+@pytest.mark.parametrize("batches", ["a,2", "0,4", "8,4", ""])
+def test_measure_refuses_batches_that_are_not_increasing_sizes(batches, tmp_path):
+    result = CliRunner().invoke(main, ["measure", "--model", "tiny-llama", "--device", "cpu", "--batches", batches,
+                                       "--out", str(tmp_path / "m.json")])
+    assert result.exit_code == 2 and "increasing batch sizes" in result.output
+    assert not (tmp_path / "m.json").exists()
