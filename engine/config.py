@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from engine.policy import PolicyConfig
 from engine.policy.config import option_metadata, resolve_aliases
 
+# How the sampler draws a token where a request neither truncates (top-k, top-p) nor is greedy (``engine.sampler``):
+# "vocab-order", where its uniform meets the softmax summed in vocabulary order; engines before commit 0570fa2
+# sorted every row ("sort"). Served runs record it, so that calibration tells the engines' runs apart.
+SAMPLER_DRAWS = ("sort", "vocab-order")
+SAMPLER_DRAW = "vocab-order"
+
 
 @dataclass(frozen=True)
 class EngineConfig:

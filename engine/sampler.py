@@ -1,7 +1,8 @@
 """Token sampling: greedy at temperature 0, else temperature, top-k and top-p, one row per sampling request.
 
 A request with a seed draws from a generator seeded by (seed, output index), so its tokens do not depend on
-what else shares the batch or on preemption; requests without a seed share the engine's seeded generator.
+what else shares the batch or on preemption; requests without a seed share the engine's seeded generator. How a
+row that does not truncate draws is named in ``engine.config.SAMPLER_DRAW``, which served runs record.
 """
 
 from __future__ import annotations

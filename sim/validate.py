@@ -57,6 +57,7 @@ from calibration.serving import (
 )
 from calibration.validation_results import CELL as CELL_KEYS
 from calibration.validation_results import VIEWS, with_bounds
+from engine.config import SAMPLER_DRAW, SAMPLER_DRAWS
 from engine.policy import PassFeatures, PolicyConfig, scheduler_class
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
@@ -685,7 +686,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
             "client_processes": client_processes, "warmup_requests": warmup_requests,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", ""), "host": host_facts()}
+            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", ""), "sampler": SAMPLER_DRAW, "host": host_facts()}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
@@ -723,8 +724,15 @@ def run_host(meta: dict, directory: Path, override: str | None = None) -> str:
     return override or cards or host.get("hostname") or _folder_name(directory)
 
 
+def run_sampler(meta: dict, override: str | None = None) -> str:
+    """How the engine of a run with ``meta`` drew sampled tokens (``engine.config.SAMPLER_DRAWS``): ``override``
+    (``--sampler-of``), else as recorded, else "sort", as every engine did before runs recorded it."""
+    return override or meta.get("sampler") or SAMPLER_DRAWS[0]
+
+
 def serving_measurements(directory: Path, cost, host: str | None = None, cells: bool = False,
-                         heat_tau_s: float = HEAT_TAU_S) -> tuple[list[dict], list[dict]]:
+                         heat_tau_s: float = HEAT_TAU_S, sampler_saved=None,
+                         sampler: str | None = None) -> tuple[list[dict], list[dict]]:
     """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
@@ -736,10 +744,14 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
     ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm. Every row names
     its ``host`` (``run_host``; ``host`` overrides the recorded one), by which the fit weighs hosts equally. With
     ``cells``, the passes hold the cells' too (the requests do not): those a fit judged on these cells must not see.
-    ``heat_tau_s``: the time constant of the passes' heat (``cell_passes``), the section's being fitted."""
+    ``heat_tau_s``: the time constant of the passes' heat (``cell_passes``), the section's being fitted.
+    ``sampler_saved``: a section's ``sampler_saved_seconds``; in a run whose engine draws as today's
+    (``run_sampler``, ``sampler`` overriding what it recorded) each sampled pass's step gets it back, so that a fit
+    against the sweep's price sees the step as the sweep's sampler would have run it, as the section prices it."""
     meta, runs, traces = load_measured(directory, "calibration")
     processes = int(meta.get("client_processes", 1))  # process p sent rows p, p + processes, ...
     host = run_host(meta, directory, host)
+    saved = sampler_saved if sampler_saved is not None and run_sampler(meta, sampler) == SAMPLER_DRAW else None
     passes, requests = [], []
     _, cell_runs, cell_traces = load_measured(directory) if cells else ({}, [], {})
     for name, m, is_cell in [(name, m, False) for name, m, _ in runs] + [(name, m, True) for name, m, _ in cell_runs]:
@@ -748,7 +760,9 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
             continue
         trace_passes, trace_requests = trace
         for p in cell_passes(m, trace_passes, cost, heat_tau_s):
-            passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]), "pass_s": p["pass_s"],
+            back = saved(p["num_samples"], p["prefill_tokens"]) if saved and m.cell.temperature > 0 else 0.0
+            passes.append({"host": host, "path": scale_path(p["path"], p["decode_tokens"]),
+                           "pass_s": p["pass_s"] + back,
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
                            "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
                            "bucket": cost.model.bucket(PassFeatures.from_mapping(p)) if p["passes"] == 1 else 0,
@@ -1203,12 +1217,14 @@ def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, s
 
 
 def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str], paths: tuple[str, ...] = (),
-                     growth: bool = False, per_sample: bool = False):
+                     growth: bool = False, per_sample: bool = False, samplers: dict[Path, str] | None = None):
     """``profile`` with its serving paths' levels at the median host of the ``measured`` runs' warm-up and overload
     passes (``calibration.serving.fit_path_levels``; ``paths``: those to fit, default every one served), with
     ``growth`` their heat growth and prompt-attention scale first (``fit_path_growth``), with ``per_sample`` the
     served step's work per sampled entry (``fit_step_per_sample``, after the growth), either on the cells' passes
-    too, and those runs' hosts recorded again, since the levels move their simulated rates."""
+    too, and those runs' hosts recorded again, since the levels move their simulated rates. A run of today's
+    sampler has the section's ``sampler_saved`` put back on its steps (``serving_measurements``; ``samplers``: its
+    ``--sampler-of``), since the levels scale the sweep's price."""
     from calibration.serving import fit_path_growth, fit_path_levels, fit_step_per_sample
 
     if profile.serving is None:
@@ -1217,7 +1233,9 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
     # the cells' passes too: they span the heat that overload runs, hot throughout, do not, and the batches between
     passes = [row for directory in measured
               for row in serving_measurements(directory, bare, hosts.get(directory), cells=growth or per_sample,
-                                              heat_tau_s=profile.serving.heat_tau_s)[0]]
+                                              heat_tau_s=profile.serving.heat_tau_s,
+                                              sampler_saved=profile.serving.sampler_saved_seconds,
+                                              sampler=(samplers or {}).get(directory))[0]]
     serving = profile.serving.with_path_growth(*fit_path_growth(passes, profile.serving, paths)) if growth \
         else profile.serving
     if per_sample:
@@ -1227,7 +1245,8 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
     return with_measured_hosts(moved, measured, hosts)
 
 
-def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, str],
+                       samplers: dict[Path, str] | None = None):
     """``profile`` with its mixed paths' factors per graph bucket (``calibration.serving.fit_bucket_scales``) around
     the section's levels, which stay, measured on the ``measured`` runs' warm-up, overload and cell passes (the
     small buckets are a prompt's remainder, a few a run), and those runs' hosts recorded again."""
@@ -1238,7 +1257,9 @@ def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, st
     bare = profile.with_serving(None)
     passes = [row for directory in measured
               for row in serving_measurements(directory, bare, hosts.get(directory), cells=True,
-                                              heat_tau_s=profile.serving.heat_tau_s)[0]]
+                                              heat_tau_s=profile.serving.heat_tau_s,
+                                              sampler_saved=profile.serving.sampler_saved_seconds,
+                                              sampler=(samplers or {}).get(directory))[0]]
     serving = profile.serving.with_bucket_scale(*fit_bucket_scales(passes, profile.serving))
     return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
 
@@ -1247,17 +1268,21 @@ def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
 
-def _host_labels(specs: tuple[str, ...], measured: tuple[Path, ...]) -> dict[Path, str]:
-    """{--from run: its host} of ``--host-of DIR=LABEL`` options."""
+def _run_labels(flag: str, specs: tuple[str, ...], measured: tuple[Path, ...], example: str,
+                choices: tuple[str, ...] = ()) -> dict[Path, str]:
+    """{--from run: its label} of ``flag DIR=LABEL`` options (``--host-of``, ``--sampler-of``), each label one of
+    ``choices`` where given."""
     runs = {run.resolve(): run for run in measured}
     labels = {}
     for spec in specs:
         directory, _, label = spec.rpartition("=")
         if not directory or not label:
-            raise ValueError(f"--host-of {spec!r}: expected DIR=LABEL, e.g. runs/a=host-9")
+            raise ValueError(f"{flag} {spec!r}: expected DIR=LABEL, e.g. {example}")
+        if choices and label not in choices:
+            raise ValueError(f"{flag} {spec!r}: {label!r} is not one of {', '.join(choices)}")
         run = runs.get(Path(directory).resolve())
         if run is None:
-            raise ValueError(f"--host-of {spec!r}: {directory} is not one of the --from runs")
+            raise ValueError(f"{flag} {spec!r}: {directory} is not one of the --from runs")
         labels[run] = label
     return labels
 
@@ -1329,6 +1354,11 @@ def _command():
     @click.option("--host-of", "host_labels", multiple=True, metavar="DIR=LABEL",
                   help="Label the host of a --from run that recorded none (older runs; each otherwise counts "
                        "as its own host). Repeat for several.")
+    @click.option("--sampler-of", "sampler_labels", multiple=True, metavar="DIR=DRAW",
+                  help="How the engine of a --from run that recorded none drew its sampled tokens: sort or "
+                       "vocab-order (engine.config.SAMPLER_DRAWS; unrecorded: sort). --fit-levels and "
+                       "--fit-buckets put the profile's sampler_saved back on a vocab-order run's steps. Repeat "
+                       "for several.")
     @click.option("--fit-serving", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Fit the serving loop's cost per pass on the traced passes outside the cells (warm-up, "
                        "overload runs), write the profile with it to this file and compare with that.")
@@ -1389,8 +1419,8 @@ def _command():
     def validate(model, profile, schedulers, mixes, loads, clients, caps, temperature, replicas, balancers,
                  saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
-                 measured, host_labels, fit_serving, fit_noise, fit_levels, level_paths, level_growth, level_per_sample,
-                 fit_greedy, fit_buckets, record_hosts,
+                 measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
+                 level_growth, level_per_sample, fit_greedy, fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1402,7 +1432,8 @@ def _command():
             cost = load_cost_model(profile)
             if len({_folder_name(m) for m in measured}) < len(measured):
                 raise ValueError("--from: runs compared together need folders of distinct names")
-            hosts = _host_labels(host_labels, measured)
+            hosts = _run_labels("--host-of", host_labels, measured, "runs/a=host-9")
+            samplers = _run_labels("--sampler-of", sampler_labels, measured, "runs/a=vocab-order", SAMPLER_DRAWS)
             if not measured:
                 if not model:
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")
@@ -1471,7 +1502,8 @@ def _command():
                        f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
         if fit_levels:
             try:
-                cost = with_path_levels(cost, measured, hosts, level_paths, level_growth, level_per_sample)
+                cost = with_path_levels(cost, measured, hosts, level_paths, level_growth, level_per_sample,
+                                        samplers)
             except ValueError as e:
                 raise click.ClickException(f"--fit-levels: {e}") from None
             cost.save(fit_levels)
@@ -1495,7 +1527,7 @@ def _command():
                 for kind in ("step", "ahead")) + f"; discarded, {greedy['discarded']:.4f} of its price added to the "
                 f"next pass ({fit['discarded']['steps']} passes); wrote {fit_greedy}")
         if fit_buckets:
-            cost = _fitted("--fit-buckets", fit_buckets, with_bucket_scales, cost, measured, hosts)
+            cost = _fitted("--fit-buckets", fit_buckets, with_bucket_scales, cost, measured, hosts, samplers)
             click.echo("served / priced per graph bucket: " + "; ".join(
                 f"{path} " + ", ".join(f"{b} {f:.3f}" for b, f in factors.items())
                 for path, factors in cost.serving.bucket_scale.items()) + f"; wrote {fit_buckets}")

@@ -18,8 +18,9 @@ pytest.importorskip("torch")
 from calibration import plans  # noqa: E402
 from calibration.cli import fit_points_file  # noqa: E402
 from calibration.profile import VERSION, load_profile  # noqa: E402
-from calibration.serving import NOISE_QUANTILES, PATHS, scale_path  # noqa: E402
+from calibration.serving import NOISE_QUANTILES, PATHS, fit_path_levels, scale_path  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
+from engine.config import SAMPLER_DRAW  # noqa: E402
 from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
 from sim.costs import ConstantCost, mean_noise_factor  # noqa: E402
 from sim.validate import (  # noqa: E402
@@ -44,6 +45,7 @@ from sim.validate import (  # noqa: E402
     steady_throughput,
     trace_files,
     validate,
+    with_path_levels,
 )
 
 MIX = "tiny=uniform:8:40/fixed:5"
@@ -876,6 +878,43 @@ def test_a_sections_fit_takes_its_own_heat_time_constant(run):
     fast, slow = (pd.DataFrame(serving_measurements(out, bare, cells=True, heat_tau_s=tau)[0]) for tau in (0.1, 2.0))
     assert fast.drop(columns="heat").equals(slow.drop(columns="heat"))
     assert (fast["heat"] != slow["heat"]).mean() > 0.5 and slow["heat"].between(0.0, 1.0).all()
+
+
+def test_fit_levels_puts_the_sampler_saving_back_on_todays_runs(run, tmp_path):
+    """A section's ``sampler_saved`` prices today's sampler against the sweep's, so its levels scale the sweep's
+    price: fitted on a run of today's engine (recorded), each sampled step gets the saving back first, and the
+    refitted section prices those steps as the unbridged one did. A run labelled as the sweep's sampler gets
+    nothing back; an unknown label is refused by name."""
+    out, _ = run
+    assert json.loads((out / "meta.json").read_text())["sampler"] == SAMPLER_DRAW
+    served = load_profile(out / "served.json")
+    bare = served.with_serving(None)
+    plain = pd.DataFrame(serving_measurements(out, bare)[0])
+    back = pd.DataFrame(serving_measurements(out, bare, sampler_saved=lambda n, prefill: 1e-3 * n)[0])
+    assert np.allclose(back["pass_s"] - plain["pass_s"], 1e-3 * plain["num_samples"], equal_nan=True)
+    assert (plain["num_samples"] > 0).any()
+    sort = pd.DataFrame(serving_measurements(out, bare, sampler_saved=lambda n, prefill: 1e-3 * n,
+                                             sampler="sort")[0])
+    assert sort["pass_s"].equals(plain["pass_s"])
+    fitted = served.serving.fit["path_scale"]
+    path = max(fitted, key=lambda p: fitted[p]["n"])
+    sampled = plain[(plain["path"] == path) & (plain["num_samples"] > 0)]
+    saving = 0.2 * float(sampled["pass_s"].median())  # a fifth of a typical step, at every batch
+    bridged = served.with_serving(served.serving.with_sampler_saved(
+        {"decode": {"batches": [1, 2], "seconds": [saving, saving]},
+         "mixed": {"batches": [1, 2], "seconds": [saving, saving]}}))
+    unbridged = with_path_levels(served, (out,), {}, (path,))
+    today = with_path_levels(bridged, (out,), {}, (path,))
+    as_sort = with_path_levels(bridged, (out,), {}, (path,), samplers={out: "sort"})
+    rows = serving_measurements(out, bare, heat_tau_s=served.serving.heat_tau_s,
+                                sampler_saved=bridged.serving.sampler_saved_seconds)[0]
+    level, level_today = unbridged.serving.path_scale[path], today.serving.path_scale[path]
+    assert level_today == pytest.approx(fit_path_levels(rows, bridged.serving, (path,))[0][path])
+    assert level_today > level * 1.05  # the steps a fifth dearer on the sweep's terms
+    assert as_sort.serving.path_scale[path] == level  # the same steps, nothing put back
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "s"), "--sampler-of", f"{out}=argmax"])
+    assert result.exit_code == 2 and "'argmax' is not one of sort, vocab-order" in result.output
 
 
 def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
