@@ -378,6 +378,18 @@ class ServingModel:
         return ServingModel.from_dict({**d, "path_scale": {**d["path_scale"], **levels},
                                        "fit": {**d["fit"], "levels": dict(fit or {})}})
 
+    def with_loop(self, per_pass_s: float, per_sample_s: float, knee: float, above_knee_s: float,
+                  fit: Mapping | None = None) -> ServingModel:
+        """This section with the serving loop's line (``fit_loop``: per pass, per sampled entry, the knee and the
+        further work per entry past it) and ``fit`` under the fit's "loop", the previous line kept there as
+        "before"; the rest of the section kept."""
+        d = self.to_dict()
+        before = {"per_pass_s": self.per_pass_s, "per_sample_s": self.per_sample_s, "loop_knee": self.loop_knee,
+                  "per_sample_above_knee_s": self.per_sample_above_knee_s}
+        return ServingModel.from_dict({**d, "per_pass_s": per_pass_s, "per_sample_s": per_sample_s,
+                                       "loop_knee": knee, "per_sample_above_knee_s": above_knee_s,
+                                       "fit": {**d["fit"], "loop": {**dict(fit or {}), "before": before}}})
+
     def with_sampler_saved(self, saved: Mapping[str, Mapping], fit: Mapping | None = None) -> ServingModel:
         """This section with ``saved``, what a sampled pass saves since the sweep ({"decode": {"batches": [...],
         "seconds": [...]}[, "mixed": ...]}, ``calibration.sampler_saved``), and ``fit`` (how it was measured) under
@@ -788,6 +800,21 @@ def fit_serving(passes, requests, source: Mapping | None = None, min_count: int 
     return ServingModel(per_pass, per_sample, per_token, _distribution(left), [delivery_base], scale, fit,
                         delivery_per_sample, spread_s, heat_scale, HEAT_TAU_S, knee, above, attention_scale,
                         mixed_spread_s)
+
+
+def fit_loop(passes, min_count: int = 10) -> tuple[float, float, float, float, dict]:
+    """(per pass, per sampled entry, knee, further per entry past it, fit summary) of the serving loop's work, as
+    ``fit_serving`` fits it (``_loop_line``, each host weighing as one), alone: for a section whose loop was
+    measured on other hosts or an older engine. ``passes``: rows with ``num_samples``, ``serving_s`` and ``host``
+    (``fit_serving``'s)."""
+    import pandas as pd
+
+    passes = pd.DataFrame(passes, columns=["num_samples", "serving_s", "host"])
+    passes["host"] = passes["host"].astype(object).fillna("")
+    busy = _finite_rows(passes, "num_samples", "serving_s")
+    if len(busy) < min_count:
+        raise ValueError(f"fitting the serving loop needs at least {min_count} measurements, got {len(busy)}")
+    return _loop_line(busy, busy["host"].nunique() > 1)
 
 
 LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans

@@ -1245,6 +1245,22 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
     return with_measured_hosts(moved, measured, hosts)
 
 
+def with_loop(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+    """``profile`` with its serving loop's line refitted on the ``measured`` runs' warm-up and overload passes
+    (``calibration.serving.fit_loop``, each host weighing as one), the rest of the section kept, and those runs'
+    hosts recorded again, since the loop moves their simulated rates."""
+    from calibration.serving import fit_loop
+
+    if profile.serving is None:
+        raise ValueError("the profile has no serving section whose loop to refit")
+    bare = profile.with_serving(None)
+    passes = [row for directory in measured
+              for row in serving_measurements(directory, bare, hosts.get(directory),
+                                              heat_tau_s=profile.serving.heat_tau_s)[0]]
+    serving = profile.serving.with_loop(*fit_loop(passes))
+    return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
+
+
 def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, str],
                        samplers: dict[Path, str] | None = None):
     """``profile`` with its mixed paths' factors per graph bucket (``calibration.serving.fit_bucket_scales``) around
@@ -1389,6 +1405,11 @@ def _command():
                        "price (the median over hosts, the cells' passes included: judge the result on other runs), "
                        "then the levels at it: for cards whose served step grows with the batch faster than the "
                        "sweep's.")
+    @click.option("--fit-loop", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with its serving loop's line (per pass, per sampled entry, knee) refitted "
+                       "on the runs' warm-up and overload passes, each host weighing as one, the rest of the "
+                       "section kept; records the runs' hosts again and compares with that (before --fit-levels "
+                       "where both are given).")
     @click.option("--fit-buckets", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the profile with its mixed-graph paths priced per graph bucket: each bucket's factor "
                        "on the path's scale, the median over hosts of served / priced in that bucket over the "
@@ -1420,7 +1441,7 @@ def _command():
                  saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
                  measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
-                 level_growth, level_per_sample, fit_greedy, fit_buckets, record_hosts,
+                 level_growth, level_per_sample, fit_greedy, fit_loop, fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1444,7 +1465,7 @@ def _command():
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),
                             ("--fit-noise", fit_noise), ("--fit-levels", fit_levels), ("--fit-greedy", fit_greedy),
-                            ("--fit-buckets", fit_buckets)):
+                            ("--fit-loop", fit_loop), ("--fit-buckets", fit_buckets)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and not isinstance(cost, Profile):
@@ -1500,6 +1521,13 @@ def _command():
             click.echo(f"served passes over their price, each run over its median ({noise['hosts']} hosts, "
                        f"{noise['passes']} passes): mean {noise['mean']:.4f}, p10 {noise['p10']:.4f}, p90 "
                        f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
+        if fit_loop:
+            cost = _fitted("--fit-loop", fit_loop, with_loop, cost, measured, hosts)
+            s, before = cost.serving, cost.serving.fit["loop"]["before"]
+            click.echo(f"serving loop: {before['per_pass_s'] * 1e3:.3f} -> {s.per_pass_s * 1e3:.3f} ms a pass, "
+                       f"{before['per_sample_s'] * 1e6:.2f} -> {s.per_sample_s * 1e6:.2f} us a sampled entry, knee "
+                       f"{before['loop_knee']:.0f} -> {s.loop_knee:.0f} (+ {s.per_sample_above_knee_s * 1e6:.2f} us "
+                       f"past it; {cost.serving.fit['loop'].get('hosts', 1)} hosts); wrote {fit_loop}")
         if fit_levels:
             try:
                 cost = with_path_levels(cost, measured, hosts, level_paths, level_growth, level_per_sample,
@@ -1533,10 +1561,11 @@ def _command():
                 for path, factors in cost.serving.bucket_scale.items()) + f"; wrote {fit_buckets}")
         if record_hosts:
             cost = _fitted("--record-hosts", record_hosts, with_measured_hosts, cost, measured, hosts)
-        if fit_serving or record_hosts or fit_levels or fit_buckets:
+        written = fit_serving or record_hosts or fit_levels or fit_buckets or fit_loop
+        if written:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
-                       f"wrote {fit_serving or record_hosts or fit_levels or fit_buckets}")
+                       f"wrote {written}")
         if host_margin:
             cost = SlowerHost(cost, 1 + host_margin)
         own_hosts = {directory: overload_path_factors(directory, cost) for directory in measured} \

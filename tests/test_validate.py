@@ -917,6 +917,32 @@ def test_fit_levels_puts_the_sampler_saving_back_on_todays_runs(run, tmp_path):
     assert result.exit_code == 2 and "'argmax' is not one of sort, vocab-order" in result.output
 
 
+def test_fit_loop_refits_the_loop_alone_and_keeps_the_rest(run, cpu_profile, tmp_path):
+    """--fit-loop refits the serving loop's line on the runs' warm-up and overload passes: from a section whose loop
+    is far off, it comes back to the line --fit-serving fitted on the same runs, the old line kept under the fit,
+    every other term kept, the runs' hosts recorded again. A profile without a section is refused by name."""
+    out, _ = run
+    served = load_profile(out / "served.json")
+    s = served.serving
+    off = served.with_serving(s.with_loop(10 * s.per_pass_s, 10 * s.per_sample_s + 1e-6, 0.0, 0.0))
+    off.save(tmp_path / "off.json")
+    refitted_file = tmp_path / "loop.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(tmp_path / "off.json"), "--out",
+                                           str(tmp_path / "c"), "--fit-loop", str(refitted_file)])
+    assert result.exit_code == 0, result.output
+    assert "serving loop: " in result.output and f"wrote {refitted_file}" in result.output
+    refitted = load_profile(refitted_file).serving
+    assert (refitted.per_pass_s, refitted.per_sample_s, refitted.loop_knee, refitted.per_sample_above_knee_s) == \
+        pytest.approx((s.per_pass_s, s.per_sample_s, s.loop_knee, s.per_sample_above_knee_s))
+    assert refitted.fit["loop"]["before"]["per_pass_s"] == pytest.approx(10 * s.per_pass_s)
+    assert refitted.path_scale == s.path_scale and refitted.delivery_per_sample_s == s.delivery_per_sample_s
+    assert [r.host for r in load_profile(refitted_file).hosts.runs] == [r.host for r in served.hosts.runs]
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "d"), "--fit-loop", str(tmp_path / "x.json")])
+    assert result.exit_code == 1 and "no serving section whose loop to refit" in result.output
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
     """--level-per-sample fits the served step's work per sampled entry on the graph paths; a CPU run serves every
     pass eager, so it stops with an error that names what is missing, and writes nothing."""
