@@ -1284,6 +1284,16 @@ def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
 
+def _check_run_model(directory: Path, cost) -> None:
+    """ValueError where the --from run ``directory`` served another model than the measured profile ``cost``
+    prices: its passes and overload runs would be priced, fitted and recorded as the wrong model's."""
+    meta_file = directory / "meta.json"
+    served = json.loads(meta_file.read_text()).get("model") if meta_file.exists() else None
+    priced = cost.meta.get("model")
+    if served and priced and served != priced:
+        raise ValueError(f"--from {directory} served {served}, but the profile prices {priced}")
+
+
 def _run_labels(flag: str, specs: tuple[str, ...], measured: tuple[Path, ...], example: str,
                 choices: tuple[str, ...] = ()) -> dict[Path, str]:
     """{--from run: its label} of ``flag DIR=LABEL`` options (``--host-of``, ``--sampler-of``), each label one of
@@ -1455,6 +1465,8 @@ def _command():
                 raise ValueError("--from: runs compared together need folders of distinct names")
             hosts = _run_labels("--host-of", host_labels, measured, "runs/a=host-9")
             samplers = _run_labels("--sampler-of", sampler_labels, measured, "runs/a=vocab-order", SAMPLER_DRAWS)
+            for directory in measured if isinstance(cost, Profile) else ():
+                _check_run_model(directory, cost)
             if not measured:
                 if not model:
                     raise ValueError("give MODEL to measure, or --from DIR to compare an earlier run")

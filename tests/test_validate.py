@@ -943,6 +943,20 @@ def test_fit_loop_refits_the_loop_alone_and_keeps_the_rest(run, cpu_profile, tmp
     assert not (tmp_path / "x.json").exists()
 
 
+def test_a_run_of_another_model_is_refused_by_name(run, cpu_profile, tmp_path):
+    """A --from run is compared, fitted and recorded against the profile's model only: a profile of another model
+    stops the command with a usage error that names both, before anything is written."""
+    out, _ = run
+    other = json.loads(Path(cpu_profile).read_text())
+    other["meta"]["model"] = "llama-2-7b"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(tmp_path / "other.json"), "--out",
+                                           str(tmp_path / "c"), "--record-hosts", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and f"--from {out} served tiny-llama, but the profile prices llama-2-7b" \
+        in result.output
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "c").exists()
+
+
 def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
     """--level-per-sample fits the served step's work per sampled entry on the graph paths; a CPU run serves every
     pass eager, so it stops with an error that names what is missing, and writes nothing."""
