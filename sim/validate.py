@@ -1573,7 +1573,7 @@ def _command():
                 for path, factors in cost.serving.bucket_scale.items()) + f"; wrote {fit_buckets}")
         if record_hosts:
             cost = _fitted("--record-hosts", record_hosts, with_measured_hosts, cost, measured, hosts)
-        written = fit_serving or record_hosts or fit_levels or fit_buckets or fit_loop
+        written = record_hosts or fit_buckets or fit_levels or fit_loop or fit_serving  # the last one written
         if written:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
