@@ -5,7 +5,7 @@
 # usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1=... G2=... G3=...] calibration/device_validate.sh
 #   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"; LOADS "-" runs no open-loop
 #   cell (closed loop only: EXTRA="--clients 1,2,4,8,16,32")
-# env: MIXES (default "long short"), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
+# env: MIXES (default "long short"; M0..M3: grid N's own instead), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
 #   EXTRA (more validate options, e.g. "--repeats 2"; E0..E3: grid N's own instead), NEED (a card name the
 #   GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
@@ -37,8 +37,6 @@ triton.__version__, transformers.__version__)" | tee "$work/meta/software.txt"
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 1000 \
     > "$work/meta/clocks.csv" &
 sampler=$!
-mixes=()
-for mix in ${MIXES:-long short}; do mixes+=(--mix "$mix"); done
 pids=()
 for gpu in 0 1 2 3; do
     spec_name=G$gpu
@@ -51,6 +49,9 @@ for gpu in 0 1 2 3; do
     visible=${!visible_name:-$gpu}
     extra_name=E$gpu
     extra=${!extra_name:-${EXTRA:-}}
+    mixes_name=M$gpu
+    mixes=()
+    for mix in ${!mixes_name:-${MIXES:-long short}}; do mixes+=(--mix "$mix"); done
     # shellcheck disable=SC2086  # EXTRA holds several options
     CUDA_VISIBLE_DEVICES=$visible timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
         "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" "${load_options[@]}" -n "$requests" \
