@@ -819,6 +819,7 @@ def fit_loop(passes, min_count: int = 10) -> tuple[float, float, float, float, d
 
 LOOP_BIN = 16  # sampled entries a bin of the loop's fit spans
 MIN_BIN_PASSES = 5  # passes a bin needs to count
+MIN_BIN_HOSTS = 0.5  # share of the hosts a bin needs to count, where several: not one host's few largest batches
 
 
 def _loop_bins(passes, column: str = "serving_s"):
@@ -837,13 +838,17 @@ def _loop_line(passes, several_hosts: bool) -> tuple[float, float, float, float,
     """(per pass, per sampled entry, knee, further per entry from the knee on, fit summary) of the loop's work on
     ``passes`` (finite ``num_samples`` and ``serving_s``): the convex broken line, knee on a multiple of
     ``LOOP_BIN``, that fits best (least squares, every term at least 0) the medians of bins of ``LOOP_BIN`` entries,
-    each bin's point the median of its hosts' medians (``_host_medians``). Medians, so that the odd slow pass does
-    not bend the line, and bins, so that the thousands of passes an overload run makes at the engine's largest batch
-    do not outweigh the range that cells below saturation run in."""
+    each bin's point the median of its hosts' medians (``_host_medians``), over the bins that ``MIN_BIN_HOSTS`` of
+    the hosts have. Medians, so that the odd slow pass does not bend the line, and bins, so that the thousands of
+    passes an overload run makes at the engine's largest batch do not outweigh the range that cells below
+    saturation run in."""
     from scipy.optimize import lsq_linear
 
     samples, serving = passes["num_samples"].to_numpy(dtype=float), passes["serving_s"].to_numpy(dtype=float)
     medians, per_host = _host_medians(passes, _loop_bins)
+    if several_hosts:
+        covered = per_host.groupby(level=1).size() >= MIN_BIN_HOSTS * passes["host"].nunique()
+        medians = medians[covered.reindex(medians.index, fill_value=False)]
     if len(medians) < 3:  # too few bins to bend: one line through every host's passes
         per_pass, per_sample, summary = _line(samples, serving, "loop")
         return per_pass, per_sample, 0.0, 0.0, summary

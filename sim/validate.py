@@ -731,8 +731,8 @@ def run_sampler(meta: dict, override: str | None = None) -> str:
 
 
 def serving_measurements(directory: Path, cost, host: str | None = None, cells: bool = False,
-                         heat_tau_s: float = HEAT_TAU_S, sampler_saved=None,
-                         sampler: str | None = None) -> tuple[list[dict], list[dict]]:
+                         heat_tau_s: float = HEAT_TAU_S, sampler_saved=None, sampler: str | None = None,
+                         calibration: bool = True) -> tuple[list[dict], list[dict]]:
     """What ``calibration.serving.fit_serving`` fits, from the warm-up and overload runs alone (kept apart from the
     cells it is then judged on): their traced passes (served step, ``cost``'s prediction of it, the loop's work
     until the next step) and their requests (admission: client send to the engine process; delivery: the end of
@@ -743,7 +743,8 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
     tenfold) and the server is lightly loaded. Each client process's first request is left out: before
     ``sim.bench.warm_up`` it paid the client's own start-up, and the simulator's clients are warm. Every row names
     its ``host`` (``run_host``; ``host`` overrides the recorded one), by which the fit weighs hosts equally. With
-    ``cells``, the passes hold the cells' too (the requests do not): those a fit judged on these cells must not see.
+    ``cells``, the passes hold the cells' too (the requests do not): those a fit judged on these cells must not see;
+    without ``calibration``, only the cells' passes (and no requests).
     ``heat_tau_s``: the time constant of the passes' heat (``cell_passes``), the section's being fitted.
     ``sampler_saved``: a section's ``sampler_saved_seconds``; in a run whose engine draws as today's
     (``run_sampler``, ``sampler`` overriding what it recorded) each sampled pass's step gets it back, so that a fit
@@ -754,7 +755,8 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
     saved = sampler_saved if sampler_saved is not None and run_sampler(meta, sampler) == SAMPLER_DRAW else None
     passes, requests = [], []
     _, cell_runs, cell_traces = load_measured(directory) if cells else ({}, [], {})
-    for name, m, is_cell in [(name, m, False) for name, m, _ in runs] + [(name, m, True) for name, m, _ in cell_runs]:
+    calibration_runs = [(name, m, False) for name, m, _ in runs] if calibration else []
+    for name, m, is_cell in calibration_runs + [(name, m, True) for name, m, _ in cell_runs]:
         trace = (cell_traces if is_cell else traces)[name]
         if trace is None:
             continue
@@ -1245,19 +1247,23 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
     return with_measured_hosts(moved, measured, hosts)
 
 
-def with_loop(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+def with_loop(profile, measured: tuple[Path, ...], hosts: dict[Path, str], cells: bool = False):
     """``profile`` with its serving loop's line refitted on the ``measured`` runs' warm-up and overload passes
-    (``calibration.serving.fit_loop``, each host weighing as one), the rest of the section kept, and those runs'
-    hosts recorded again, since the loop moves their simulated rates."""
+    (``calibration.serving.fit_loop``, each host weighing as one), or with ``cells`` on their cells' passes alone,
+    the rest of the section kept, and those runs' hosts recorded again, since the loop moves their simulated
+    rates. The cells are what a section judged on other runs should see: an overload run, sent at several times
+    the engine's rate, runs its loop slower than a cell below saturation at the same batch."""
     from calibration.serving import fit_loop
 
     if profile.serving is None:
         raise ValueError("the profile has no serving section whose loop to refit")
     bare = profile.with_serving(None)
     passes = [row for directory in measured
-              for row in serving_measurements(directory, bare, hosts.get(directory),
-                                              heat_tau_s=profile.serving.heat_tau_s)[0]]
-    serving = profile.serving.with_loop(*fit_loop(passes))
+              for row in serving_measurements(directory, bare, hosts.get(directory), cells=cells,
+                                              calibration=not cells, heat_tau_s=profile.serving.heat_tau_s)[0]]
+    per_pass, per_sample, knee, above, fit = fit_loop(passes)
+    serving = profile.serving.with_loop(per_pass, per_sample, knee, above,
+                                        {**fit, "source": "cells" if cells else "warm-up and overload runs"})
     return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
 
 
@@ -1420,6 +1426,10 @@ def _command():
                        "on the runs' warm-up and overload passes, each host weighing as one, the rest of the "
                        "section kept; records the runs' hosts again and compares with that (before --fit-levels "
                        "where both are given).")
+    @click.option("--loop-cells", is_flag=True,
+                  help="With --fit-loop, fit the line on the runs' cells alone instead (judge the result on other "
+                       "runs): an overload run, sent at several times the engine's rate, runs its loop slower than "
+                       "the cells below saturation do at the same batch.")
     @click.option("--fit-buckets", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the profile with its mixed-graph paths priced per graph bucket: each bucket's factor "
                        "on the path's scale, the median over hosts of served / priced in that bucket over the "
@@ -1451,7 +1461,7 @@ def _command():
                  saturation_from,
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
                  measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
-                 level_growth, level_per_sample, fit_greedy, fit_loop, fit_buckets, record_hosts,
+                 level_growth, level_per_sample, fit_greedy, fit_loop, loop_cells, fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1488,6 +1498,8 @@ def _command():
                             ("--level-per-sample", level_per_sample)):
             if given and not fit_levels:
                 raise click.UsageError(f"{flag} is for --fit-levels; give --fit-levels FILE")
+        if loop_cells and not fit_loop:
+            raise click.UsageError("--loop-cells is for --fit-loop; give --fit-loop FILE")
         if fit_serving and record_hosts:
             raise click.UsageError("--fit-serving records its runs' hosts in its profile; drop --record-hosts")
         if not measured:
@@ -1534,12 +1546,13 @@ def _command():
                        f"{noise['passes']} passes): mean {noise['mean']:.4f}, p10 {noise['p10']:.4f}, p90 "
                        f"{noise['p90']:.4f}, p99 {noise['p99']:.4f}; wrote {fit_noise}")
         if fit_loop:
-            cost = _fitted("--fit-loop", fit_loop, with_loop, cost, measured, hosts)
+            cost = _fitted("--fit-loop", fit_loop, with_loop, cost, measured, hosts, loop_cells)
             s, before = cost.serving, cost.serving.fit["loop"]["before"]
             click.echo(f"serving loop: {before['per_pass_s'] * 1e3:.3f} -> {s.per_pass_s * 1e3:.3f} ms a pass, "
                        f"{before['per_sample_s'] * 1e6:.2f} -> {s.per_sample_s * 1e6:.2f} us a sampled entry, knee "
                        f"{before['loop_knee']:.0f} -> {s.loop_knee:.0f} (+ {s.per_sample_above_knee_s * 1e6:.2f} us "
-                       f"past it; {cost.serving.fit['loop'].get('hosts', 1)} hosts); wrote {fit_loop}")
+                       f"past it; {cost.serving.fit['loop'].get('hosts', 1)} hosts, "
+                       f"{cost.serving.fit['loop']['source']}); wrote {fit_loop}")
         if fit_levels:
             try:
                 cost = with_path_levels(cost, measured, hosts, level_paths, level_growth, level_per_sample,

@@ -45,6 +45,7 @@ from sim.validate import (  # noqa: E402
     steady_throughput,
     trace_files,
     validate,
+    with_loop,
     with_path_levels,
 )
 
@@ -941,6 +942,27 @@ def test_fit_loop_refits_the_loop_alone_and_keeps_the_rest(run, cpu_profile, tmp
                                            str(tmp_path / "d"), "--fit-loop", str(tmp_path / "x.json")])
     assert result.exit_code == 1 and "no serving section whose loop to refit" in result.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_loop_cells_fits_the_loop_on_the_cells_passes_alone(run, tmp_path):
+    """--fit-loop with --loop-cells fits the line on the cells' passes alone: as many as the compared cells traced
+    with the loop's work timed (passes.csv, written apart from the fit), none of the warm-up and overload runs', and
+    says so in the fit; --loop-cells without --fit-loop is refused by name."""
+    out, _ = run
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "c"), "--fit-loop", str(tmp_path / "cells.json"),
+                                           "--loop-cells"])
+    assert result.exit_code == 0, result.output
+    assert "hosts, cells); wrote" in result.output
+    fit = load_profile(tmp_path / "cells.json").serving.fit["loop"]
+    cells = pd.read_csv(out / "passes.csv")
+    traced = cells[np.isfinite(cells["serving_s"])]
+    assert fit["source"] == "cells" and fit["n"] == len(traced)
+    calibrated = with_loop(load_profile(out / "served.json"), (out,), {}).serving.fit["loop"]
+    assert calibrated["source"] == "warm-up and overload runs" and calibrated["n"] != fit["n"]
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "d"), "--loop-cells"])
+    assert result.exit_code == 2 and "--loop-cells is for --fit-loop" in result.output
 
 
 def test_a_run_of_another_model_is_refused_by_name(run, cpu_profile, tmp_path):
