@@ -16,6 +16,7 @@ from calibration.serving import (
     ServingModel,
     decode_spread_tokens,
     fit_bucket_scales,
+    fit_loop,
     fit_path_growth,
     fit_path_levels,
     fit_serving,
@@ -515,6 +516,27 @@ def test_each_host_weighs_as_one_in_the_loop():
     assert s.per_pass_s == pytest.approx(1.2e-4 + tail, abs=1e-5) and s.per_sample_s == pytest.approx(1e-5, rel=0.1)
     assert s.fit["loop"]["hosts"] == 3 and s.fit["loop"]["n"] == 4800
     assert fit_serving({k: v for k, v in passes.items() if k != "host"}, synthetic()[1]).per_pass_s > 2.5e-4
+
+
+def test_the_loop_leaves_out_bins_that_few_hosts_reach():
+    """Three hosts on one line up to 96 sampled entries; one of them also ran a few batches of 200-250 whose loop
+    took ten times as long: a bin only it has is left out (fewer than half the hosts have it), so the line does not
+    bend there, as it does where that host is every host."""
+    rng = np.random.default_rng(7)
+    rows = {"num_samples": [], "serving_s": [], "host": []}
+    for host in ("a", "b", "c"):
+        samples = rng.integers(1, 96, 600)
+        if host == "a":
+            samples = np.concatenate([samples, rng.integers(200, 251, 40)])
+        loop = 1e-4 + 8e-6 * samples + 8e-5 * np.maximum(0, samples - 199)
+        rows["num_samples"] += samples.tolist()
+        rows["serving_s"] += loop.tolist()
+        rows["host"] += [host] * len(samples)
+    per_pass, per_sample, knee, above, summary = fit_loop(rows)
+    assert (per_pass, per_sample, above) == pytest.approx((1e-4, 8e-6, 0.0), abs=1e-7)
+    assert summary["bins"] == 6 and summary["hosts"] == 3
+    alone = fit_loop({k: [v for v, h in zip(rows[k], rows["host"]) if h == "a"] for k in rows})
+    assert alone[3] > 1e-5  # the one host's own fit bends at its largest batches
 
 
 def test_one_host_fits_as_passes_without_hosts_do():
