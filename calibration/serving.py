@@ -837,11 +837,11 @@ def _loop_bins(passes, column: str = "serving_s"):
 def _loop_line(passes, several_hosts: bool) -> tuple[float, float, float, float, dict]:
     """(per pass, per sampled entry, knee, further per entry from the knee on, fit summary) of the loop's work on
     ``passes`` (finite ``num_samples`` and ``serving_s``): the convex broken line, knee on a multiple of
-    ``LOOP_BIN``, that fits best (least squares, every term at least 0) the medians of bins of ``LOOP_BIN`` entries,
-    each bin's point the median of its hosts' medians (``_host_medians``), over the bins that ``MIN_BIN_HOSTS`` of
-    the hosts have. Medians, so that the odd slow pass does not bend the line, and bins, so that the thousands of
-    passes an overload run makes at the engine's largest batch do not outweigh the range that cells below
-    saturation run in."""
+    ``LOOP_BIN`` with two bins or more past it, that fits best (least squares, every term at least 0) the medians of
+    bins of ``LOOP_BIN`` entries, each bin's point the median of its hosts' medians (``_host_medians``), over the
+    bins that ``MIN_BIN_HOSTS`` of the hosts have. Medians, so that the odd slow pass does not bend the line, and
+    bins, so that the thousands of passes an overload run makes at the engine's largest batch do not outweigh the
+    range that cells below saturation run in."""
     from scipy.optimize import lsq_linear
 
     samples, serving = passes["num_samples"].to_numpy(dtype=float), passes["serving_s"].to_numpy(dtype=float)
@@ -854,7 +854,8 @@ def _loop_line(passes, several_hosts: bool) -> tuple[float, float, float, float,
         return per_pass, per_sample, 0.0, 0.0, summary
     x, y = medians["x"].to_numpy(), medians["y"].to_numpy()
     best = None
-    for knee in [0.0, *np.arange(2 * LOOP_BIN, x.max(), LOOP_BIN)]:
+    # a knee needs two bins past it: one bin's few passes would set any slope there
+    for knee in [0.0, *np.arange(2 * LOOP_BIN, np.sort(x)[-2], LOOP_BIN)]:
         A = np.column_stack([np.ones_like(x), x, np.maximum(0.0, x - knee) if knee else np.zeros_like(x)])
         coef = lsq_linear(A, y, bounds=(0.0, np.inf)).x
         sse = float(np.sum((y - A @ coef) ** 2))

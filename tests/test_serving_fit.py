@@ -539,6 +539,17 @@ def test_the_loop_leaves_out_bins_that_few_hosts_reach():
     assert alone[3] > 1e-5  # the one host's own fit bends at its largest batches
 
 
+def test_a_loop_knee_needs_two_bins_past_it():
+    """One host on a line up to 111 sampled entries and a few passes of 113 that took twice as long: a knee at 112,
+    with that one bin past it, would fit it at any slope (a millisecond an entry here); the knee comes at least a
+    bin earlier, so the slope past it stays within the bin's step over the entries it spans."""
+    samples = np.concatenate([np.arange(1, 112).repeat(20), np.full(8, 113)])
+    loop = 1e-4 + 8e-6 * samples
+    loop[samples == 113] *= 2
+    per_pass, per_sample, knee, above, summary = fit_loop({"num_samples": samples, "serving_s": loop})
+    assert summary["bins"] == 8 and knee <= 96 and above < 1e-3 / 16
+
+
 def test_one_host_fits_as_passes_without_hosts_do():
     passes = {k: v for k, v in joined(host_passes("slow", 400, 1.10, 3e-4, 1),
                                       host_passes("fast", 400, 1.00, 1e-4, 2)).items() if k != "host"}
