@@ -5,9 +5,9 @@
 # usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1=... G2=... G3=...] calibration/device_validate.sh
 #   e.g. G0="llama-2-7b llama-2-7b-h200-bf16 splitfuse:768 83 0.5,0.75,0.9 400 30"; LOADS "-" runs no open-loop
 #   cell (closed loop only: EXTRA="--clients 1,2,4,8,16,32")
-# env: MIXES (default "long short"; M0..M3: grid N's own instead), TB (seconds after which no cell begins, 450), TO (a grid's hard limit, 545),
-#   EXTRA (more validate options, e.g. "--repeats 2"; E0..E3: grid N's own instead), NEED (a card name the
-#   GPUs must match, e.g. H200),
+# env: MIXES (default "long short"; M0..M3: grid N's own instead), TB (seconds after which no cell begins, 450),
+#   TO (a grid's hard limit, 545), EXTRA (more validate options, e.g. "--repeats 2"; E0..E3: grid N's own
+#   instead), NEED (a card name the GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
 #   EXTRA="--replicas 2 ..." runs a 2-replica fleet). Wheels in .whl/ (packages the machine lacks) are installed first.
 set -uo pipefail

@@ -519,9 +519,9 @@ def test_each_host_weighs_as_one_in_the_loop():
 
 
 def test_the_loop_leaves_out_bins_that_few_hosts_reach():
-    """Three hosts on one line up to 96 sampled entries; one of them also ran a few batches of 200-250 whose loop
-    took ten times as long: a bin only it has is left out (fewer than half the hosts have it), so the line does not
-    bend there, as it does where that host is every host."""
+    """Three hosts on one line up to 95 sampled entries; one of them also ran a few batches of 200-250, whose loop
+    grew 80 us more an entry past 200: bins only it has are left out (fewer than half the hosts have them), so the
+    line does not bend there, as that host's own fit does."""
     rng = np.random.default_rng(7)
     rows = {"num_samples": [], "serving_s": [], "host": []}
     for host in ("a", "b", "c"):
