@@ -530,7 +530,7 @@ def test_a_fleet_compares_each_engine_on_its_own_card(cpu_profile, run, tmp_path
     ``--host-from-overload`` then slows each simulated engine by its own passes there, not the pair's."""
     earlier, _ = run
     fleet = tmp_path / "fleet"
-    args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "256", "--mix", MIX,
+    args = ["tiny-llama", "--profile", str(cpu_profile), "--device", "cpu", "--num-kv-blocks", "64", "--mix", MIX,
             "--loads", "0.5", "-n", "8", "--warmup", "0", "--client-processes", "2", "--replicas", "2",
             "--balancer", "round-robin", "--out", str(fleet)]
     result = CliRunner().invoke(validate, args)
