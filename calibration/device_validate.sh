@@ -9,7 +9,10 @@
 #   TO (a grid's hard limit, 545), EXTRA (more validate options, e.g. "--repeats 2"; E0..E3: grid N's own
 #   instead), NEED (a card name the GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
-#   EXTRA="--replicas 2 ..." runs a 2-replica fleet). Wheels in .whl/ (packages the machine lacks) are installed first.
+#   EXTRA="--replicas 2 ..." runs a 2-replica fleet), CPUS ("split": each grid on physical cores of its own, its
+#   server apart from its clients (sim.cpu_sets); "shared": each grid on cores of its own, server and clients
+#   together; default: anywhere; C0..C3: grid N's own instead). Wheels in .whl/ (packages the machine lacks) are
+#   installed first. The CPU time of each Python thread is sampled each second (meta/cpu.csv.gz).
 set -uo pipefail
 usage='usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1..G3=...] calibration/device_validate.sh'
 specs=0
@@ -34,9 +37,14 @@ nvidia-smi --query-gpu=index,name,uuid,memory.total,clocks.max.sm,power.limit --
 if [ -n "${NEED:-}" ] && ! grep -q "$NEED" "$work/meta/gpus.csv"; then echo "no $NEED here"; exit 4; fi
 python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, \
 triton.__version__, transformers.__version__)" | tee "$work/meta/software.txt"
+{ lscpu; lscpu -e; } >"$work/meta/lscpu.txt" 2>&1
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 1000 \
     > "$work/meta/clocks.csv" &
 sampler=$!
+python3 -m calibration.cpu_load "$work/meta/cpu.csv.gz" &
+cpu_sampler=$!
+mapfile -t cpu_sets < <(python3 -m sim.cpu_sets "$specs")  # "SERVER CLIENT" per grid, in order
+grid=0
 pids=()
 for gpu in 0 1 2 3; do
     spec_name=G$gpu
@@ -52,15 +60,24 @@ for gpu in 0 1 2 3; do
     mixes_name=M$gpu
     mixes=()
     for mix in ${!mixes_name:-${MIXES:-long short}}; do mixes+=(--mix "$mix"); done
+    cpus_name=C$gpu
+    read -r server_cpus client_cpus <<<"${cpu_sets[$grid]:-}"
+    grid=$((grid + 1))
+    case ${!cpus_name:-${CPUS:-}} in
+        split) cpu_options=(--server-cpus "$server_cpus" --client-cpus "$client_cpus") ;;
+        shared) cpu_options=(--server-cpus "$server_cpus,$client_cpus" --client-cpus "$server_cpus,$client_cpus") ;;
+        "") cpu_options=() ;;
+        *) echo "C$gpu/CPUS: split, shared or empty, not ${!cpus_name:-${CPUS:-}}" >&2; exit 2 ;;
+    esac
     # shellcheck disable=SC2086  # EXTRA holds several options
     CUDA_VISIBLE_DEVICES=$visible timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
         "$model" --profile "$profile" --scheduler "$scheduler" "${mixes[@]}" "${load_options[@]}" -n "$requests" \
         --cell-seconds "$cell_s" --workload-seed "$seed" --time-budget "${TB:-450}" --out "$work/runs/g$gpu" \
-        $extra >"$work/meta/g$gpu.log" 2>&1 &
+        "${cpu_options[@]}" $extra >"$work/meta/g$gpu.log" 2>&1 &
     pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; echo "grid $pid exited $?"; done
-kill "$sampler"
+kill "$sampler" "$cpu_sampler"
 for log in "$work"/meta/g*.log; do echo "== $log"; tail -n 15 "$log"; done
 # the device returns files of at most 16 MiB: the runs travel as parts (cat runs.txz.part* | xz -d | tar x)
 tar cf - -C "$work" runs | xz -T0 -6 | split -b 15M - "$out/runs.txz.part"

@@ -63,6 +63,7 @@ from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
 from sim.costs import CostModel, SlowerHost, mean_noise_factor
+from sim.cpu_sets import affinity, format_cpu_list, parse_cpu_list
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
 from sim.request_log import RequestLog
@@ -160,8 +161,10 @@ class Server:
     """``splitfuse serve`` in a child process with a pass trace, for the lifetime of a ``with`` block."""
 
     def __init__(self, model: str, policy: PolicyConfig, engine_options: dict, trace: Path | None, log: Path,
-                 env: dict | None = None, replica_urls: tuple[str, ...] = (), start_timeout: float = 1200.0) -> None:
+                 env: dict | None = None, replica_urls: tuple[str, ...] = (), start_timeout: float = 1200.0,
+                 cpus: frozenset[int] | None = None) -> None:
         self.model, self.policy, self.engine_options, self.env = model, policy, engine_options, env
+        self.cpus = cpus  # the CPUs the server's processes (API and engine) may run on; None: any
         self.trace, self.log, self.start_timeout, self.replica_urls = trace, log, start_timeout, replica_urls
         self.url = f"http://127.0.0.1:{free_port()}"
         self.process: subprocess.Popen | None = None
@@ -177,7 +180,8 @@ class Server:
         command += [arg for url in self.replica_urls for arg in ("--replica-url", url)]
         self._log = open(self.log, "w")
         env = {**os.environ, **self.env} if self.env else None
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None  # the engine's process inherits it
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
         return self
 
     def __enter__(self) -> Server:
@@ -208,7 +212,8 @@ class Server:
             return
         model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]
         self.info = {"model_id": model["id"], "max_model_len": model["max_model_len"],
-                     "vocab_size": model["vocab_size"], **self.stats()}
+                     "vocab_size": model["vocab_size"], **self.stats(),
+                     "cpus": format_cpu_list(os.sched_getaffinity(self.process.pid))}
 
     def stats(self) -> dict:
         import httpx
@@ -249,10 +254,11 @@ class Fleet:
             server.wait_idle(timeout)
 
 
-def fleet_router(model: str, cell: Cell, engine_options: dict, log: Path, urls: tuple[str, ...]) -> Server:
+def fleet_router(model: str, cell: Cell, engine_options: dict, log: Path, urls: tuple[str, ...],
+                 cpus: frozenset[int] | None = None) -> Server:
     """A router for one cell over the engines at ``urls``, its balancer seeded with the cell's seed as the simulator's
     is: a random balancer then draws the simulator's choices, which it could not after an earlier run's draws."""
-    return Server(model, cell.policy, {**engine_options, "seed": cell.seed}, None, log, replica_urls=urls)
+    return Server(model, cell.policy, {**engine_options, "seed": cell.seed}, None, log, replica_urls=urls, cpus=cpus)
 
 
 def trace_files(out: Path, server: str, replicas: int) -> list[Path]:
@@ -583,7 +589,8 @@ def metric_columns(summary: dict) -> dict:
 def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, estimate: CostModel,
             warmup_requests: int = 64, client_processes: int = 4, timeout: float = 600.0, overload: float = 3.0,
             cell_seconds: float | None = None, time_budget: float | None = None,
-            saturation: dict[str, dict[str, float]] | None = None, progress=print) -> None:
+            saturation: dict[str, dict[str, float]] | None = None, server_cpus: frozenset[int] | None = None,
+            client_cpus: frozenset[int] | None = None, progress=print) -> None:
     """Run every cell on the real server; write what the client saw (``measured.jsonl``), the pass traces and
     ``meta.json`` (the run's options, saturation rates, commit and ``sim.host_facts.host_facts``) into ``out`` for
     ``compare``. ``estimate`` (a cost model of the card) sets each overload run's
@@ -591,7 +598,15 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
     begun within ``time_budget`` seconds are skipped (and said so), so that the servers still stop in order and
     write their traces. A fleet's loads are shares of ``replicas`` times one engine's saturation rate, measured
     in this run or given in ``saturation`` ({server name: {mix: requests/s}}, as ``meta.json`` keeps it), else
-    measured on the fleet."""
+    measured on the fleet. ``server_cpus`` and ``client_cpus`` (``sim.cpu_sets``): the CPUs the servers (engines
+    and router) and the clients (this process while it measures) may run on; None: any."""
+    with affinity(client_cpus):
+        _measure(model, cells, out, engine_options, estimate, warmup_requests, client_processes, timeout, overload,
+                 cell_seconds, time_budget, saturation, server_cpus, progress)
+
+
+def _measure(model, cells, out, engine_options, estimate, warmup_requests, client_processes, timeout, overload,
+             cell_seconds, time_budget, saturation, server_cpus, progress) -> None:
     from engine.server.router import replica_slots
 
     deadline = time.monotonic() + time_budget if time_budget else float("inf")
@@ -647,7 +662,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                 else [None]
             with contextlib.ExitStack() as stack:
                 servers = [Server(model, first.policy, engine_options, trace, out / f"server-{name}-r{i}.log"
-                                  if replicas > 1 else out / f"server-{name}.log", env=slots[i])
+                                  if replicas > 1 else out / f"server-{name}.log", env=slots[i], cpus=server_cpus)
                            for i, trace in enumerate(trace_files(out, name, replicas))]
                 for server in servers:  # the engines load side by side
                     server.start()
@@ -673,7 +688,7 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                 for cell in first_of_mix.values():  # the loads' saturation rates, on a router of their own
                     if cell.mix not in saturation.get(name, {}) and time.monotonic() <= deadline:
                         with fleet_router(model, cell, engine_options, out / f"router-{name}-saturation-{cell.mix}.log",
-                                          urls) as r:
+                                          urls, server_cpus) as r:
                             rate_of(Fleet(servers, r), name, cell,
                                     ServedCost(estimate, info["kv_total_blocks"], info["max_model_len"]))
                 for i, cell in enumerate(group):
@@ -681,12 +696,14 @@ def measure(model: str, cells: list[Cell], out: Path, engine_options: dict, esti
                         run_cells(None, name, [cell])  # says it is skipped
                         continue
                     with fleet_router(model, cell, engine_options, out / f"router-{name}-{cell.balancer}-{i}.log",
-                                      urls) as r:
+                                      urls, server_cpus) as r:
                         run_cells(Fleet(servers, r), name, [cell])
     meta = {"model": model, "engine_options": engine_options, "saturation_rps": saturation,
             "client_processes": client_processes, "warmup_requests": warmup_requests,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", ""), "sampler": SAMPLER_DRAW, "host": host_facts()}
+            "commit": os.environ.get("SPLITFUSE_GIT_COMMIT", ""), "sampler": SAMPLER_DRAW, "host": host_facts(),
+            "server_cpus": format_cpu_list(server_cpus or os.sched_getaffinity(0)),
+            "client_cpus": format_cpu_list(os.sched_getaffinity(0))}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
@@ -1300,6 +1317,18 @@ def _check_run_model(directory: Path, cost) -> None:
         raise ValueError(f"--from {directory} served {served}, but the profile prices {priced}")
 
 
+def _cpus(flag: str, text: str | None) -> frozenset[int] | None:
+    """The CPUs of ``flag``'s list, each one this process may run on; None where not given."""
+    if text is None:
+        return None
+    cpus = parse_cpu_list(text)
+    missing = cpus - os.sched_getaffinity(0)
+    if missing:
+        raise ValueError(f"{flag} {text}: CPUs {format_cpu_list(missing)} are not among this machine's "
+                         f"({format_cpu_list(os.sched_getaffinity(0))})")
+    return cpus
+
+
 def _run_labels(flag: str, specs: tuple[str, ...], measured: tuple[Path, ...], example: str,
                 choices: tuple[str, ...] = ()) -> dict[Path, str]:
     """{--from run: its label} of ``flag DIR=LABEL`` options (``--host-of``, ``--sampler-of``), each label one of
@@ -1376,6 +1405,12 @@ def _command():
     @click.option("--warmup", type=click.IntRange(min=0), default=64, show_default=True,
                   help="Requests of a warm-up workload before any measured one (kernels compile).")
     @click.option("--client-processes", type=click.IntRange(min=1), default=4, show_default=True)
+    @click.option("--server-cpus", default=None, metavar="LIST",
+                  help="CPUs the server's processes (API, engine, a fleet's router) run on, as taskset lists them "
+                       "(0-7,16-23; `python -m sim.cpu_sets` splits a machine's cores); default: any.")
+    @click.option("--client-cpus", default=None, metavar="LIST",
+                  help="CPUs the clients run on (this process while it measures); give --server-cpus other "
+                       "physical cores, so that the clients' work does not slow the engine's loop.")
     @click.option("--time-budget", type=click.FloatRange(min=1), default=None,
                   help="Seconds after which no further cell begins (the servers then stop and write their traces).")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
@@ -1459,7 +1494,8 @@ def _command():
     @config_options(EngineConfig)
     def validate(model, profile, schedulers, mixes, loads, clients, caps, temperature, replicas, balancers,
                  saturation_from,
-                 num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, time_budget, out,
+                 num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, server_cpus,
+                 client_cpus, time_budget, out,
                  measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
                  level_growth, level_per_sample, fit_greedy, fit_loop, loop_cells, fit_buckets, record_hosts,
                  exclude_first_requests,
@@ -1475,6 +1511,10 @@ def _command():
                 raise ValueError("--from: runs compared together need folders of distinct names")
             hosts = _run_labels("--host-of", host_labels, measured, "runs/a=host-9")
             samplers = _run_labels("--sampler-of", sampler_labels, measured, "runs/a=vocab-order", SAMPLER_DRAWS)
+            cpus = {flag: _cpus(flag, text) for flag, text in (("--server-cpus", server_cpus),
+                                                               ("--client-cpus", client_cpus))}
+            if measured and (server_cpus or client_cpus):
+                raise ValueError("--server-cpus and --client-cpus are for measuring; drop them with --from")
             for directory in measured if isinstance(cost, Profile) else ():
                 _check_run_model(directory, cost)
             if not measured:
@@ -1506,7 +1546,8 @@ def _command():
             saturation = json.loads((saturation_from / "meta.json").read_text())["saturation_rps"] \
                 if saturation_from else None
             measure(model, cells, out, pick(EngineConfig, engine_options), cost, warmup, client_processes,
-                    cell_seconds=cell_seconds, time_budget=time_budget, saturation=saturation, progress=click.echo)
+                    cell_seconds=cell_seconds, time_budget=time_budget, saturation=saturation,
+                    server_cpus=cpus["--server-cpus"], client_cpus=cpus["--client-cpus"], progress=click.echo)
             measured = (out,)
         if fit_serving:
             bare = cost.with_serving(None)
