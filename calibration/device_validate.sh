@@ -9,10 +9,11 @@
 #   TO (a grid's hard limit, 545), EXTRA (more validate options, e.g. "--repeats 2"; E0..E3: grid N's own
 #   instead), NEED (a card name the GPUs must match, e.g. H200),
 #   COMMIT (recorded in each run's meta.json), V0..V3 (the GPUs grid N sees, default its own: V0=0,1 with
-#   EXTRA="--replicas 2 ..." runs a 2-replica fleet), CPUS ("split": each grid on physical cores of its own, its
-#   server apart from its clients (sim.cpu_sets); "shared": each grid on cores of its own, server and clients
-#   together; default: anywhere; C0..C3: grid N's own instead). Wheels in .whl/ (packages the machine lacks) are
-#   installed first. The CPU time of each Python thread is sampled each second (meta/cpu.csv.gz).
+#   EXTRA="--replicas 2 ..." runs a 2-replica fleet), CPUS ("split", the default: each grid on physical cores of
+#   its own, its server apart from its clients (sim.cpu_sets), as a server whose clients are elsewhere runs;
+#   "shared": each grid on cores of its own, server and clients together; "any": anywhere, as before the
+#   forty-eighth round; C0..C3: grid N's own instead). Wheels in .whl/ (packages the machine lacks) are installed
+#   first. The CPU time of each Python thread is sampled each second (meta/cpu.csv.gz).
 set -uo pipefail
 usage='usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1..G3=...] calibration/device_validate.sh'
 specs=0
@@ -63,11 +64,11 @@ for gpu in 0 1 2 3; do
     cpus_name=C$gpu
     read -r server_cpus client_cpus <<<"${cpu_sets[$grid]:-}"
     grid=$((grid + 1))
-    case ${!cpus_name:-${CPUS:-}} in
+    case ${!cpus_name:-${CPUS:-split}} in
         split) cpu_options=(--server-cpus "$server_cpus" --client-cpus "$client_cpus") ;;
         shared) cpu_options=(--server-cpus "$server_cpus,$client_cpus" --client-cpus "$server_cpus,$client_cpus") ;;
-        "") cpu_options=() ;;
-        *) echo "C$gpu/CPUS: split, shared or empty, not ${!cpus_name:-${CPUS:-}}" >&2; exit 2 ;;
+        any) cpu_options=() ;;
+        *) echo "C$gpu/CPUS: split, shared or any, not ${!cpus_name:-${CPUS:-}}" >&2; exit 2 ;;
     esac
     # shellcheck disable=SC2086  # EXTRA holds several options
     CUDA_VISIBLE_DEVICES=$visible timeout "${TO:-545}" python3 -c "from splitfuse.cli import main; main()" validate \
