@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +22,14 @@ from calibration.profile import VERSION, load_profile  # noqa: E402
 from calibration.serving import NOISE_QUANTILES, PATHS, fit_path_levels, scale_path  # noqa: E402
 from calibration.sweep import run_sweep  # noqa: E402
 from engine.config import SAMPLER_DRAW  # noqa: E402
-from engine.policy import PassFeatures, make_balancer, plan_features  # noqa: E402
+from engine.policy import PassFeatures, PolicyConfig, make_balancer, plan_features  # noqa: E402
 from sim.costs import ConstantCost, mean_noise_factor  # noqa: E402
 from sim.validate import (  # noqa: E402
     OVERLOAD_DECODE_MAX_SEQS,
     STEADY_COMPLETIONS,
     Cell,
     Measured,
+    Server,
     cell_passes,
     cell_prompts,
     engine_costs,
@@ -334,6 +336,35 @@ def test_an_earlier_run_compares_again_without_measuring(run, cpu_profile, tmp_p
         assert f"cells within the bounds (errors.csv: in_bounds, misses): {counts}" in result.output
     result = CliRunner().invoke(validate, ["--profile", str(cpu_profile), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--from" in result.output
+
+
+def test_a_pinned_server_runs_its_engine_on_those_cpus(tmp_path):
+    """``Server(cpus=...)``: the API process and the engine process it spawns run on those CPUs alone, and the
+    server's info (which every measured run keeps) says so."""
+    psutil = pytest.importorskip("psutil")
+    cpu = max(os.sched_getaffinity(0))
+    with Server("tiny-llama", PolicyConfig(), {"device": "cpu", "num_kv_blocks": 16}, None, tmp_path / "server.log",
+                cpus=frozenset({cpu})) as server:
+        assert server.info["cpus"] == str(cpu)
+        processes = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
+        assert len(processes) >= 2 and all(p.cpu_affinity() == [cpu] for p in processes)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--server-cpus", "100000"], "--server-cpus 100000: CPUs 100000 are not among this machine's"),
+    (["--client-cpus", "0-x"], "is not a CPU list"),
+])
+def test_cpu_lists_are_checked_before_measuring(flags, message, tmp_path):
+    result = CliRunner().invoke(validate, ["tiny-llama", "--profile", "llama-2-7b-h200-bf16", "--mix", "long",
+                                           "--loads", "0.5", "--out", str(tmp_path), *flags])
+    assert result.exit_code == 2 and message in result.output and not list(tmp_path.iterdir())
+
+
+def test_cpu_lists_are_refused_when_comparing_an_earlier_run(run, tmp_path):
+    out, _ = run
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"),
+                                           "--server-cpus", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "are for measuring" in result.output
 
 
 def test_a_host_margin_compares_on_a_slower_host(run, tmp_path):
