@@ -1,8 +1,8 @@
 """CPU sets for a measurement: the server on CPUs of its own, its clients on others, whole physical cores apart.
 
 A validation's clients run on the machine they measure. Left to the OS they share cores (and a core's hyperthreads)
-with the engine's loop, whose host work between passes then runs slower the busier the clients are. Lists use
-``taskset``'s format ("0-3,8")."""
+with the server, whose host work between passes they can slow (``calibration/VALIDATION.md``, forty-eighth round);
+a server's clients are elsewhere in production. Lists use ``taskset``'s format ("0-3,8")."""
 
 from __future__ import annotations
 

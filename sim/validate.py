@@ -180,8 +180,9 @@ class Server:
         command += [arg for url in self.replica_urls for arg in ("--replica-url", url)]
         self._log = open(self.log, "w")
         env = {**os.environ, **self.env} if self.env else None
-        pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None  # the engine's process inherits it
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        if self.cpus:  # set while the server still starts Python: its threads and engine process inherit it
+            os.sched_setaffinity(self.process.pid, self.cpus)
         return self
 
     def __enter__(self) -> Server:
