@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not 1 <= len(args) <= 2:
         raise SystemExit("usage: python -m calibration.cpu_load OUT.csv.gz [SECONDS]")
-    every = float(args[1]) if len(args) > 1 else 1.0
+    try:
+        every = float(args[1]) if len(args) > 1 else 1.0
+    except ValueError:
+        every = float("nan")
+    if not every > 0:
+        raise SystemExit(f"SECONDS must be a positive number, got {args[1]!r}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # close the file whole
     with gzip.open(args[0], "wt", newline="") as f:
         writer = csv.writer(f)

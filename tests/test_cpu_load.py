@@ -23,3 +23,6 @@ def test_a_sample_holds_each_thread_of_this_process():
 def test_bad_arguments_name_the_usage():
     with pytest.raises(SystemExit, match="usage"):
         main([])
+    for seconds in ("x", "0", "-1"):
+        with pytest.raises(SystemExit, match="SECONDS must be a positive number"):
+            main(["out.csv.gz", seconds])
