@@ -38,6 +38,9 @@ from engine.weights import load_model
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 Prompt = str | list[int] | dict  # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}
+# what ``LLMEngine.step_deltas`` returns per request: (request_id, new token ids, finished, finish_reason, seconds
+# from arrival to first scheduled); a plain tuple, cheap to build and to pickle
+Delta = tuple[str, list[int], bool, str | None, float | None]
 
 
 @dataclass(slots=True)
@@ -266,6 +269,15 @@ class LLMEngine:
     # -- one forward pass --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule and run one pass; returns an output for every request that got a token or finished."""
+        return self._step(self._output)
+
+    def step_deltas(self) -> list[Delta]:
+        """``step`` for a server that streams: one ``Delta`` per request that got a token or finished, and no
+        ``RequestOutput`` (no copy of a request's tokens, no text), as vLLM v1's engine core hands its front end
+        plain per-request deltas."""
+        return self._step(self._delta)
+
+    def _step(self, make: Callable[[_Entry], object]) -> list:
         if self._closed:
             raise RuntimeError("this LLMEngine is closed (close() released its model and KV cache); make a new one")
         start = time.perf_counter()
@@ -284,7 +296,7 @@ class LLMEngine:
         sampled_at = time.perf_counter()
         finished = self.scheduler.update(plan, sampled, time.monotonic())
         updated = time.perf_counter()
-        outputs = self._outputs(plan, finished)
+        outputs = [make(entry) for entry in self._sampled_entries(plan, finished)]
         if self._pass_observers:
             record = PassRecord(start, scheduled, enqueued, sampled_at, updated, time.perf_counter(),
                                 plan_features(plan), self.runner.path(plan), ahead, len(outputs),
@@ -293,23 +305,24 @@ class LLMEngine:
                 callback(record)
         return outputs
 
-    def _outputs(self, plan: BatchPlan, finished: list[Request]) -> list[RequestOutput]:
-        """An output for every request of ``plan`` that sampled a token, and for every one that finished (by the
-        scheduler, or here when its text reached a stop string)."""
-        outputs = []
+    def _sampled_entries(self, plan: BatchPlan, finished: list[Request]) -> list[_Entry]:
+        """Every request of ``plan`` that sampled a token, and every one that finished (by the scheduler, or here when
+        its text reached a stop string); a finished one is no longer the engine's after this."""
+        entries = []
         finished = list(finished)
+        requests = self._requests
         for request, samples in zip(plan.requests, plan.samples):
-            entry = self._requests.get(request.request_id)
+            entry = requests.get(request.request_id)
             if samples and entry is not None and not request.is_finished:
                 if entry.detokenizer is not None and self._reached_stop_string(entry):
                     finished.append(request)
                 else:
-                    outputs.append(self._output(entry))
+                    entries.append(entry)
         for request in finished:
-            entry = self._requests.pop(request.request_id, None)
+            entry = requests.pop(request.request_id, None)
             if entry is not None:
-                outputs.append(self._output(entry))
-        return outputs
+                entries.append(entry)
+        return entries
 
     def _reached_stop_string(self, entry: _Entry) -> bool:
         """Feed the request's new token to its detokenizer; if its text now holds a stop string, finish it ("stop")."""
@@ -351,6 +364,12 @@ class LLMEngine:
             return [ids[i] for i in rows]
 
         return LaunchedPass(subset, events=launched.events), False
+
+    @staticmethod
+    def _delta(entry: _Entry) -> Delta:
+        request = entry.request
+        queued = None if request.scheduled_time is None else request.scheduled_time - request.arrival_time
+        return (request.request_id, request.output_token_ids[-1:], request.is_finished, request.finish_reason, queued)
 
     def _output(self, entry: _Entry) -> RequestOutput:
         """The request after a pass in which it sampled exactly one new token."""

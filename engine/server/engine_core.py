@@ -10,8 +10,8 @@ talks to ``EngineClient`` over two one-way pipes either way:
 - engine -> API: ``("ready", info)`` once (limits, tokenizer, pid) or ``("failed", message)``; ``("state", acks,
   stats)`` after commands were applied (an ack is ``(request_id, error message or None)``: an add the engine
   refuses, e.g. prompt + output can never fit the KV cache, answers 400); ``("out", items, tokens_per_pass,
-  stats)`` once per pass with ``(request_id, new token ids, finished, finish_reason, queue time)`` for every
-  request that produced tokens; ``("dead", message)`` when a pass raised.
+  stats)`` once per pass with the pass's ``LLMEngine.step_deltas`` (``(request_id, new token ids, finished,
+  finish_reason, queue time)`` for every request that produced tokens); ``("dead", message)`` when a pass raised.
 
 Each message carries the engine's stats (running, waiting, KV blocks, preemptions), so /metrics and /health read
 them without touching the engine. The loop ends when its command pipe closes: the API process ending for any
@@ -73,17 +73,16 @@ class PassTrace:
                   zip(plan.requests[d:], plan.start_positions[d:], plan.num_new_tokens[d:])]
         self._shape = (plan.start_positions[:d], chunks)
 
-    def record(self, pass_record, outputs, sent: float) -> None:
+    def record(self, pass_record, deltas, sent: float) -> None:
+        """Keep a pass and its ``LLMEngine.step_deltas``."""
         self.passes.append((pass_record, sent, self._shape))
-        for output in outputs:
-            times = self.tokens.setdefault(output.request_id, [])
-            times.extend([pass_record.end] * len(output.new_token_ids))
-            if output.finished:
-                received, added = self.added.pop(output.request_id, (None, None))
-                self.requests.append({"kind": "request", "id": output.request_id, "received": received,
-                                      "added": added,
-                                      "token_times": self.tokens.pop(output.request_id),
-                                      "finish_reason": output.outputs[0].finish_reason})
+        for request_id, tokens, finished, reason, _ in deltas:
+            times = self.tokens.setdefault(request_id, [])
+            times.extend([pass_record.end] * len(tokens))
+            if finished:
+                received, added = self.added.pop(request_id, (None, None))
+                self.requests.append({"kind": "request", "id": request_id, "received": received, "added": added,
+                                      "token_times": self.tokens.pop(request_id), "finish_reason": reason})
 
     def write(self) -> None:
         with open(self.path, "w") as f:
@@ -203,20 +202,13 @@ def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None)
             continue
         t0 = time.perf_counter()
         try:
-            outputs = engine.step()
+            items = engine.step_deltas()
         except BaseException as e:  # noqa: BLE001
             out_conn.send(("dead", f"{type(e).__name__}: {e}"))
             return
         busy_s += time.perf_counter() - t0
-        items = []
-        for output in outputs:
-            m = output.metrics
-            queue_time = None if m is None or m.first_scheduled_time is None else \
-                m.first_scheduled_time - m.arrival_time
-            items.append((output.request_id, output.new_token_ids, output.finished, output.outputs[0].finish_reason,
-                          queue_time))
         if items or passes:  # a pass that scheduled nothing has nothing to say
             out_conn.send(("out", items, passes, engine_stats(engine, busy_s)))
             passes.clear()
         if last_pass:
-            trace.record(last_pass.pop(), outputs, time.perf_counter())
+            trace.record(last_pass.pop(), items, time.perf_counter())
