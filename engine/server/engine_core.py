@@ -172,7 +172,7 @@ def _serve(engine, cmd_conn, out_conn, pid: int | None, trace: PassTrace | None)
     if trace is not None:
         engine.scheduler.observe(trace.observe)
         engine.trace_passes(last_pass.append, device_time=True)
-    busy_s = 0.0  # seconds spent in engine.step()
+    busy_s = 0.0  # seconds spent in engine.step_deltas()
     while True:
         batch = [] if engine.has_unfinished() else [commands.get()]  # idle: sleep until a command comes
         while True:
