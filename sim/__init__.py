@@ -28,6 +28,8 @@ simulated time by a calibrated cost model of each ``BatchPlan``.
 - ``run_config``: what a run was (profile, card, policy, workload, seeds, SLA, commit).
 - ``report``, ``report_figures``: ``report.html``; ``cli``: ``splitfuse simulate``.
 - ``validation_example``: the example validation grid (the simulator against itself, not a GPU measurement).
+- ``loop_phases``: the engine loop between passes, phase by phase, from ``splitfuse validate`` runs' pass traces
+  (``python -m sim.loop_phases RUN...``).
 - ``bench``: the client that measures a real server and summarizes it as the simulator summarizes its own runs;
   ``bench_cli``: ``splitfuse bench`` in ``vllm bench serve``'s flags; ``bench_result``: vLLM's JSON result.
 

@@ -24,6 +24,8 @@ from calibration.sweep import run_sweep  # noqa: E402
 from engine.config import SAMPLER_DRAW  # noqa: E402
 from engine.policy import PassFeatures, PolicyConfig, make_balancer, plan_features  # noqa: E402
 from sim.costs import ConstantCost, mean_noise_factor  # noqa: E402
+from sim.loop_phases import MAX_LOOP_S, loop_rows, phase_table  # noqa: E402
+from sim.loop_phases import main as loop_phases_main  # noqa: E402
 from sim.validate import (  # noqa: E402
     OVERLOAD_DECODE_MAX_SEQS,
     STEADY_COMPLETIONS,
@@ -994,6 +996,29 @@ def test_loop_cells_fits_the_loop_on_the_cells_passes_alone(run, tmp_path):
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
                                            str(tmp_path / "d"), "--loop-cells"])
     assert result.exit_code == 2 and "--loop-cells is for --fit-loop" in result.output
+
+
+def test_loop_phases_split_each_loop_and_price_it(run, capsys):
+    """``python -m sim.loop_phases``: every sampled step's loop (update to the next start) is its three phases, the
+    steps of each kind of run are binned by sampled entries, and a profile's price stands beside them; a folder that
+    is no validate run and a path no step ran are refused by name."""
+    out, _ = run
+    rows = loop_rows(out)
+    assert set(rows["kind"]) == {"warm-up", "overload", "cell"} and set(rows["path"]) == {"eager"}  # no graphs on CPU
+    assert (rows[["outputs_s", "send_s", "rest_s"]] >= 0).all().all() and (rows["num_samples"] > 0).all()
+    parts = rows["outputs_s"] + rows["send_s"] + rows["rest_s"]
+    assert np.allclose(parts, rows["loop_s"]) and (rows["loop_s"] <= MAX_LOOP_S).all()
+    served = load_profile(out / "served.json").serving
+    table = phase_table(rows, [2, 8, 4096], served.loop_seconds)
+    assert table["steps"].sum() == len(rows)
+    assert set(table.index.get_level_values("kind")) == {"warm-up", "overload", "cell"}
+    assert (table["loop_over_price"] > 0).all()
+    loop_phases_main([str(out), "--path", "eager", "--profile", str(out / "served.json")])
+    assert "loop_over_price" in capsys.readouterr().out
+    for argv, message in (([str(out / "nothing")], "no measured.jsonl"), ([str(out)], "the path 'decode-graph'")):
+        with pytest.raises(SystemExit):
+            loop_phases_main(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_a_run_of_another_model_is_refused_by_name(run, cpu_profile, tmp_path):
