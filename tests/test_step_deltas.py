@@ -44,3 +44,18 @@ def test_deltas_are_the_outputs_pass_by_pass():
         ends.update({d[0]: (d[3], len(outputs[i].outputs[0].token_ids)) for i, d in enumerate(deltas) if d[2]})
     assert not by_deltas.has_unfinished()
     assert ends["r0"][0] == "stop" and ends["r1"] == ("stop", 7) and ends["r2"] == ("length", 9)
+
+
+def test_the_loop_benchmark_runs_both_loops_on_the_cpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "loop.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.serving_loop_gpu", "--requests", "6", "--max-tokens", "5",
+                    "--repeats", "2", "--bins", "3,6", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["model"] == "tiny-llama" and {r["loop"] for r in result["table"]} == {"outputs", "deltas"}
+    assert all(r["loop_us"] >= r["outputs_us"] > 0 and r["send_us"] > 0 for r in result["table"])
+    assert [r["loop"] for r in result["runs"]] == ["outputs", "deltas", "deltas", "outputs"]  # alternating
+    assert all(len(rates) == 2 and min(rates) > 0 for rates in result["rates"].values())
