@@ -24,6 +24,11 @@ MAX_LOOP_S = 0.02  # a longer gap after a step is the engine idle, not its loop
 ADMISSION_LEAD_S = 0.01  # a request received this long before a step's start counts as taken in by its loop
 
 
+def run_name(directory: Path) -> str:
+    """A run's label: its folder's name ("." named as the folder it is)."""
+    return directory.name or directory.resolve().name
+
+
 def loop_rows(directory: Path) -> pd.DataFrame:
     """One row per sampled step of ``directory``'s runs whose loop took in no request: its run kind, path, sampled
     entries and loop phases (seconds)."""
@@ -47,7 +52,7 @@ def loop_rows(directory: Path) -> pd.DataFrame:
                     taken_in = np.searchsorted(received, after) - np.searchsorted(received, since)
                     if after - p["updated"] > MAX_LOOP_S or taken_in:
                         continue
-                    rows.append({"run": directory.name, "kind": kind, "path": p["path"],
+                    rows.append({"run": run_name(directory), "kind": kind, "path": p["path"],
                                  "num_samples": p["num_samples"], "loop_s": after - p["updated"],
                                  "outputs_s": p["end"] - p["updated"], "send_s": p["sent"] - p["end"],
                                  "rest_s": after - p["sent"]})
@@ -88,11 +93,17 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(run) for run in args.runs if not (run / "measured.jsonl").is_file()]
     if missing:
         parser.error(f"not a splitfuse validate --out folder (no measured.jsonl): {', '.join(missing)}")
+    names = [run_name(run) for run in args.runs]
+    if len(set(names)) < len(names):
+        parser.error(f"runs shown together need folders of distinct names, got {', '.join(names)}")
     price = None
     if args.profile:
         from calibration.profile import load_profile
 
-        serving = load_profile(args.profile).serving
+        try:
+            serving = load_profile(args.profile).serving
+        except ValueError as e:
+            parser.error(f"--profile: {e}")
         if serving is None:
             parser.error(f"--profile {args.profile}: it has no serving section, so no loop price")
         price = serving.loop_seconds

@@ -1001,21 +1001,24 @@ def test_loop_cells_fits_the_loop_on_the_cells_passes_alone(run, tmp_path):
 def test_loop_phases_split_each_loop_and_price_it(run, capsys):
     """``python -m sim.loop_phases``: every sampled step's loop (update to the next start) is its three phases, the
     steps of each kind of run are binned by sampled entries, and a profile's price stands beside them; a folder that
-    is no validate run and a path no step ran are refused by name."""
+    is no validate run, a path no step ran and two runs of one name are refused by name."""
     out, _ = run
     rows = loop_rows(out)
-    assert set(rows["kind"]) == {"warm-up", "overload", "cell"} and set(rows["path"]) == {"eager"}  # no graphs on CPU
+    # a light cell's steps may all take in a request; the overload run's many do not
+    assert "overload" in set(rows["kind"]) <= {"warm-up", "overload", "cell"} and set(rows["path"]) == {"eager"}
     assert (rows[["outputs_s", "send_s", "rest_s"]] >= 0).all().all() and (rows["num_samples"] > 0).all()
     parts = rows["outputs_s"] + rows["send_s"] + rows["rest_s"]
     assert np.allclose(parts, rows["loop_s"]) and (rows["loop_s"] <= MAX_LOOP_S).all()
-    served = load_profile(out / "served.json").serving
-    table = phase_table(rows, [2, 8, 4096], served.loop_seconds)
+    table = phase_table(rows, [2, 8, 4096], lambda n: 1e-4 + 1e-6 * n)
     assert table["steps"].sum() == len(rows)
-    assert set(table.index.get_level_values("kind")) == {"warm-up", "overload", "cell"}
-    assert (table["loop_over_price"] > 0).all()
+    assert set(table.index.get_level_values("kind")) == set(rows["kind"])
+    medians = rows.groupby(["run", "kind", pd.cut(rows["num_samples"], [0, 2, 8, 4096])], observed=True)
+    assert list(table["price_us"]) == [round(100 + int(n), 0) for n in medians["num_samples"].median()]
+    assert np.allclose(table["loop_over_price"], (table["loop_us"] / table["price_us"]).round(2))
     loop_phases_main([str(out), "--path", "eager", "--profile", str(out / "served.json")])
     assert "loop_over_price" in capsys.readouterr().out
-    for argv, message in (([str(out / "nothing")], "no measured.jsonl"), ([str(out)], "the path 'decode-graph'")):
+    for argv, message in (([str(out / "nothing")], "no measured.jsonl"), ([str(out)], "the path 'decode-graph'"),
+                          ([str(out), str(out)], "folders of distinct names")):
         with pytest.raises(SystemExit):
             loop_phases_main(argv)
         assert message in capsys.readouterr().err
