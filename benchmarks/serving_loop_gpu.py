@@ -110,6 +110,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    for name in ("requests", "max_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.bins or args.bins != sorted(set(args.bins)) or args.bins[0] < 1:
+        parser.error(f"--bins: increasing edges of at least 1, got {args.bins}")
 
     cuda = torch.cuda.is_available()
     model = args.model or ("llama-2-7b" if cuda else "tiny-llama")

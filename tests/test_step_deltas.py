@@ -59,3 +59,6 @@ def test_the_loop_benchmark_runs_both_loops_on_the_cpu(tmp_path):
     assert all(r["loop_us"] >= r["outputs_us"] > 0 and r["send_us"] > 0 for r in result["table"])
     assert [r["loop"] for r in result["runs"]] == ["outputs", "deltas", "deltas", "outputs"]  # alternating
     assert all(len(rates) == 2 and min(rates) > 0 for rates in result["rates"].values())
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.serving_loop_gpu", "--requests", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--requests must be at least 1" in bad.stderr
