@@ -8,9 +8,10 @@ how the card's measured hosts differ from it (``calibration.host_spread``), (fro
 for graph passes of prompts alone, (from version 13) a scale of the served prompt attention and (from version 15)
 the served passes' spread, (from version 16) the served step's work per sampled entry and (from version 17) greedy
 passes (from version 18 at their price less what they save, a line in their sampled entries), (from version
-19) a factor per mixed-graph bucket and (from version 20) what a sampled pass saves since the sweep, where the
-engine's sampler changed (``calibration.sampler_saved``). All are optional, and files of versions 2 to 19 still
-load (but for version 17's greedy section, which is refused, named).
+19) a factor per mixed-graph bucket, (from version 20) what a sampled pass saves since the sweep, where the
+engine's sampler changed (``calibration.sampler_saved``), and (from version 21) what a graph step saves past a
+knee in its sampled entries. All are optional, and files of versions 2 to 20 still load (but for version 17's
+greedy section, which is refused, named).
 
 Loading validates every number: all finite, knots and buckets strictly increasing, work coefficients, noise
 factors and measured times in range, and the model's predictions positive, so that a damaged file fails with the
@@ -53,12 +54,13 @@ FORMAT = "splitfuse-profile"
 # section may carry the served passes' spread ("noise_q"), which the simulator then draws from; 16: the serving
 # section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s"); 17, 18: greedy
 # passes (``calibration.serving``); 19: a factor per mixed-graph bucket on the serving section's scale
-# ("bucket_scale"); 20: what a sampled pass saves since the sweep, by its kind and sampled entries ("sampler_saved").
+# ("bucket_scale"); 20: what a sampled pass saves since the sweep, by its kind and sampled entries ("sampler_saved");
+# 21: what a graph step saves past a knee in its sampled entries ("step_knee", "step_saved_past_knee").
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
-VERSION = 20
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+VERSION = 21
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 

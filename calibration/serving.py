@@ -76,6 +76,13 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   rows without top-k or top-p in vocabulary order. Measured as the engine's own steps on one card with each engine
   (``calibration.sampler_saved``) and taken off the price of every pass that runs the sampler (greedy passes never
   did). Older sections have none: the sweep's sampler.
+- what a graph step of many sampled entries saves (from profile version 21): past ``step_knee`` entries a served
+  step on a graph path runs under its price by ``saved_s`` + ``per_sample_s`` x the entries past the knee, per path
+  (``step_saved_past_knee``, ``fit_step_knee``, ``--fit-step-knee``). Served, llama-3-8b's decode steps of 129-160
+  sampled entries ran 7-10% under their price on three cards where those of 97-128 ran 2-5% under, and its mixed
+  passes further under the more entries they sample, 3% at 129-160 and 8-10% at 225-256 (``calibration/VALIDATION.md``,
+  fiftieth round). Only overload runs reach such batches, and one line per path through all batches priced them
+  where the cells' smaller ones are. Older sections have none.
 
 A path's level alone can be refitted on later hosts (``fit_path_levels``, ``splitfuse validate --fit-levels``), its
 heat growth and the rest of the section kept: where the hosts a path was first fitted on ran an older engine, or
@@ -96,7 +103,10 @@ PREFILL_PATHS = {"eager-prefill": "eager", "mixed-prefill": "mixed-graph"}
 GRAPH_PATHS = ("decode-graph", "mixed-graph")  # the paths whose passes sample: decodes, and prompts beside them
 BUCKET_PATHS = ("mixed-graph", "mixed-prefill")  # the paths whose passes replay a graph of a token bucket
 NUMBERS = ("per_pass_s", "per_sample_s", "admission_per_token_s", "delivery_per_sample_s", "decode_spread_s",
-           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s")
+           "heat_tau_s", "loop_knee", "per_sample_above_knee_s", "mixed_spread_s", "step_per_sample_s", "step_knee")
+# numbers a section without them omits, in the form of the versions before them
+OPTIONAL_NUMBERS = ("step_per_sample_s", "step_knee")
+KNEE_KEYS = ("saved_s", "per_sample_s")  # what a graph step saves past the knee, per path: at it, and per entry beyond
 # a greedy graph pass as it runs: on its own, or a decode step enqueued ahead; and a discarded one, before the next
 GREEDY_STEPS = ("step", "ahead", "discarded")
 # the greedy section: a step on its own or ahead as its price less what it saves, a line in its sampled entries; what
@@ -213,6 +223,21 @@ def _saved_table(table: Mapping | None) -> list[float]:
     return np.interp(np.arange(table["batches"][-1] + 1), table["batches"], table["seconds"]).tolist()
 
 
+def _past_knee(saved: Mapping) -> dict[str, dict[str, float]]:
+    """A section's ``step_saved_past_knee``, checked: {graph path: {"saved_s": s, "per_sample_s": s}}."""
+    if not isinstance(saved, Mapping):
+        raise ValueError(f"serving step_saved_past_knee must be an object of graph paths, got {saved!r}")
+    checked = {}
+    for path, numbers in saved.items():
+        where = f"serving step_saved_past_knee[{path}]"
+        if path not in GRAPH_PATHS:
+            raise ValueError(f"{where}: not a graph path; those are {', '.join(GRAPH_PATHS)}")
+        if not isinstance(numbers, Mapping) or sorted(numbers) != sorted(KNEE_KEYS):
+            raise ValueError(f"{where} needs exactly the keys {', '.join(KNEE_KEYS)}, got {numbers!r}")
+        checked[path] = {key: _check(f"step_saved_past_knee[{path}].{key}", numbers[key]) for key in KNEE_KEYS}
+    return checked
+
+
 def _check(name: str, value, low: float = 0.0) -> float:
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and value >= low):
@@ -231,7 +256,8 @@ class ServingModel:
     """The served engine's costs beyond a profile's passes (see the module docstring); every number in seconds."""
 
     __slots__ = (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale", "attention_scale", "fit",
-                 "noise_q", "greedy", "bucket_scale", "sampler_saved", "_delivery_base", "_saved_by_samples")
+                 "noise_q", "greedy", "bucket_scale", "sampler_saved", "step_saved_past_knee", "_delivery_base",
+                 "_saved_by_samples")
 
     def __init__(self, per_pass_s: float = 0.0, per_sample_s: float = 0.0, admission_per_token_s: float = 0.0,
                  admission_q: Sequence[float] = (), delivery_q: Sequence[float] = (),
@@ -243,7 +269,8 @@ class ServingModel:
                  noise_q: Sequence[float] = (), step_per_sample_s: float = 0.0,
                  greedy: Mapping[str, float] | None = None,
                  bucket_scale: Mapping[str, Mapping] | None = None,
-                 sampler_saved: Mapping[str, Sequence] | None = None) -> None:
+                 sampler_saved: Mapping[str, Sequence] | None = None, step_knee: float = 0.0,
+                 step_saved_past_knee: Mapping[str, Mapping[str, float]] | None = None) -> None:
         self.per_pass_s, self.per_sample_s = _check("per_pass_s", per_pass_s), _check("per_sample_s", per_sample_s)
         self.loop_knee = _check("loop_knee", loop_knee)
         self.per_sample_above_knee_s = _check("per_sample_above_knee_s", per_sample_above_knee_s)
@@ -253,6 +280,10 @@ class ServingModel:
         self.decode_spread_s = _check("decode_spread_s", decode_spread_s)
         self.mixed_spread_s = _check("mixed_spread_s", mixed_spread_s)
         self.step_per_sample_s = _check("step_per_sample_s", step_per_sample_s)
+        self.step_knee = _check("step_knee", step_knee)
+        self.step_saved_past_knee = _past_knee(step_saved_past_knee or {})
+        if self.step_saved_past_knee and not self.step_knee:
+            raise ValueError("serving step_saved_past_knee needs a step_knee > 0 (the sampled entries it starts past)")
         self.sampler_saved = _sampler_saved(sampler_saved or {})
         self._saved_by_samples = {kind: _saved_table(self.sampler_saved.get(kind, self.sampler_saved.get("decode")))
                                   for kind in SAVED_KINDS}
@@ -303,11 +334,20 @@ class ServingModel:
     def step_seconds(self, path: str, step: float, num_samples: int, heat: float = 0.0, bucket: int = 0) -> float:
         """The served step on ``path`` of a pass the sweep priced at ``step`` seconds that sampled ``num_samples``
         entries, on a card of that ``heat``, padded to a graph of ``bucket`` tokens (0: none). The work per sampled
-        entry is the graph paths' (``GRAPH_PATHS``), where it is fitted; the eager paths' levels carry theirs."""
+        entry is the graph paths' (``GRAPH_PATHS``), where it is fitted; the eager paths' levels carry theirs. Past
+        ``step_knee`` entries a graph path's step saves ``step_saved_past_knee`` (never below 0)."""
         per_sample = self.step_per_sample_s * num_samples if path in GRAPH_PATHS else 0.0
         buckets = self.bucket_scale.get(path)
         scale = self.scale(path, heat) * (buckets.get(bucket, 1.0) if buckets else 1.0)
-        return scale * step + per_sample
+        return max(0.0, scale * step + per_sample - self.knee_saved_seconds(path, num_samples))
+
+    def knee_saved_seconds(self, path: str, num_samples: int) -> float:
+        """What a served step on ``path`` of ``num_samples`` sampled entries saves past the section's knee (0 at or
+        below it, on the eager paths and in a section without one)."""
+        saved = self.step_saved_past_knee.get(path)
+        if saved is None or num_samples <= self.step_knee:
+            return 0.0
+        return saved["saved_s"] + saved["per_sample_s"] * (num_samples - self.step_knee)
 
     def greedy_seconds(self, kind: str, price: float, num_samples: int) -> float | None:
         """A served graph pass whose ``num_samples`` entries all take their argmax, priced ``price`` seconds as a
@@ -354,8 +394,9 @@ class ServingModel:
         return self._delivery_base + self.delivery_per_sample_s * num_samples
 
     def to_dict(self) -> dict:
-        # a section without work per sampled entry in its step keeps the form of the versions before it
-        numbers = [name for name in NUMBERS if name != "step_per_sample_s" or self.step_per_sample_s]
+        # a section without work per sampled entry in its step, or without a knee in it, keeps the form of the
+        # versions before them
+        numbers = [name for name in NUMBERS if name not in OPTIONAL_NUMBERS or getattr(self, name)]
         return {**{name: getattr(self, name) for name in numbers}, "admission_q": self.admission_q.tolist(),
                 "delivery_q": self.delivery_q.tolist(), "path_scale": self.path_scale,
                 "heat_scale": self.heat_scale, "attention_scale": self.attention_scale, "fit": self.fit,
@@ -363,7 +404,8 @@ class ServingModel:
                 **({"greedy": self.greedy} if self.greedy else {}),
                 **({"bucket_scale": {path: {str(b): f for b, f in factors.items()}
                                      for path, factors in self.bucket_scale.items()}} if self.bucket_scale else {}),
-                **({"sampler_saved": self.sampler_saved} if self.sampler_saved else {})}
+                **({"sampler_saved": self.sampler_saved} if self.sampler_saved else {}),
+                **({"step_saved_past_knee": self.step_saved_past_knee} if self.step_saved_past_knee else {})}
 
     def with_noise(self, noise_q: Sequence[float], fit: Mapping | None = None) -> ServingModel:
         """This section with ``noise_q`` as its served passes' spread (``served_noise``) and ``fit`` (how it was
@@ -405,6 +447,14 @@ class ServingModel:
         return ServingModel.from_dict({**d, "step_per_sample_s": seconds,
                                        "fit": {**d["fit"], "step_per_sample": dict(fit or {})}})
 
+    def with_step_knee(self, knee: float, saved: Mapping[str, Mapping[str, float]],
+                       fit: Mapping | None = None) -> ServingModel:
+        """This section with what its graph steps save past ``knee`` sampled entries (``saved``, per path:
+        ``fit_step_knee``; {} for none) and ``fit`` under the fit's "step_knee", the rest of the section kept."""
+        d = self.to_dict()
+        return ServingModel.from_dict({**d, "step_knee": knee, "step_saved_past_knee": dict(saved),
+                                       "fit": {**d["fit"], "step_knee": dict(fit or {})}})
+
     def with_path_growth(self, attention: Mapping[str, float], heat: Mapping[str, float],
                          fit: Mapping | None = None) -> ServingModel:
         """This section with ``attention`` and ``heat`` as those paths' attention scales and heat growth
@@ -434,8 +484,9 @@ class ServingModel:
         before 9 no knee in the loop (one line), before 13 no attention scale, before 14 no spread in passes with
         prompt tokens, before 15 no served spread (the sweep's), before 16 no served step's work per sampled entry,
         before 17 no greedy decode steps (priced as sampled ones), before 19 no factor per graph bucket, before 20 no
-        sampler saving since the sweep. Version 17's ``greedy_scale`` priced a step ahead as a share of its price,
-        which the host work it hides is not: such a section is refused, named."""
+        sampler saving since the sweep, before 21 no saving past a knee in a graph step's sampled entries. Version
+        17's ``greedy_scale`` priced a step ahead as a share of its price, which the host work it hides is not: such
+        a section is refused, named."""
         if not isinstance(d, Mapping):
             raise ValueError("'serving' must be an object")
         if "greedy_scale" in d:
@@ -445,7 +496,7 @@ class ServingModel:
                              "or drop it to price greedy passes as sampled ones")
         unknown = [k for k in d if k not in (*NUMBERS, "admission_q", "delivery_q", "path_scale", "heat_scale",
                                              "attention_scale", "fit", "noise_q", "greedy", "bucket_scale",
-                                             "sampler_saved")]
+                                             "sampler_saved", "step_saved_past_knee")]
         if unknown:
             raise ValueError(f"'serving' has an unknown key {unknown[0]!r}")
         return cls(**d)
@@ -553,7 +604,7 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its level on")
     model_s = _swept_steps(passes, serving.attention_scale) * _bucket_factors(passes, serving)
-    served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
+    served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"] + _knee_saved(passes, serving)
     rows = _finite_rows(passes.assign(ratio=served / model_s), "ratio", "heat")
     levels, fit = {}, {}
     for path, part in rows.groupby("path"):
@@ -583,7 +634,7 @@ def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tup
     model_s = _swept_steps(passes, serving.attention_scale)
     priced = model_s * (passes["path"].map(serving.path_scale) + passes["path"].map(serving.heat_scale)
                         * passes["heat"])
-    served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"]
+    served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"] + _knee_saved(passes, serving)
     rows = _finite_rows(passes.assign(ratio=served / priced), "ratio")
     scales, fit = {}, {}
     for path, part in rows.groupby("path"):
@@ -603,6 +654,12 @@ def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tup
     if not scales:
         raise ValueError(too_few)
     return scales, fit
+
+
+def _knee_saved(passes, serving: ServingModel) -> np.ndarray:
+    """What each row of ``passes`` saves past the section's knee (``ServingModel.knee_saved_seconds``): a fit of
+    levels or buckets gives it back to the served step, as the section prices the step before taking it off."""
+    return np.array([serving.knee_saved_seconds(path, n) for path, n in zip(passes["path"], passes["num_samples"])])
 
 
 def _swept_steps(passes, attention_scale: Mapping[str, float]):
@@ -642,7 +699,8 @@ def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | No
         part = part[part["path"].isin(shown)]
         priced = part["priced"].to_numpy()
         heat = (part["path"].map(serving.heat_scale) * part["heat"]).to_numpy()
-        served = part["pass_s"].to_numpy() - heat * priced  # the heat growth is the section's
+        # the heat growth and the saving past the knee are the section's
+        served = part["pass_s"].to_numpy() - heat * priced + _knee_saved(part, serving)
         X = np.column_stack([*(priced * (part["path"] == p).to_numpy() for p in shown),
                              part["num_samples"].to_numpy(dtype=float)])
         start = np.array([*(serving.path_scale[p] for p in shown), 0.0])
@@ -653,6 +711,56 @@ def fit_step_per_sample(passes, serving: ServingModel, paths: Sequence[str] | No
         raise ValueError(too_few)
     per_sample = max(0.0, float(np.median([h["per_sample_s"] for h in hosts.values()])))
     return per_sample, {"hosts": hosts, "before": serving.step_per_sample_s}
+
+
+STEP_KNEE = 128  # sampled entries past which a served graph step runs further under its price (fit_step_knee)
+
+
+def fit_step_knee(passes, serving: ServingModel, knee: float = STEP_KNEE,
+                  min_count: int = 10) -> tuple[dict[str, dict[str, float]], dict]:
+    """({graph path: {"saved_s", "per_sample_s"}}, fit summary): what a served graph step of more than ``knee``
+    sampled entries saves against the section's price without a knee (levels, heat, buckets, work per sampled
+    entry). Each host with ``min_count`` such passes of a path fits price - served = saved_s + per_sample_s x
+    (entries - knee), robust to the odd slow pass (each residual a share of the price); each number is the median
+    over those hosts, at least 0. ``passes``: rows as ``fit_path_levels`` takes, with ``greedy`` (a pass of a run
+    sent at temperature 0, which skips the sampling: left out); passes with a spread of decode contexts are left
+    out too. ValueError where no host has ``min_count`` passes past the knee on a graph path."""
+    import pandas as pd
+
+    if not (isinstance(knee, (int, float)) and not isinstance(knee, bool) and knee >= 1):
+        raise ValueError(f"the step's knee must be a number of sampled entries >= 1, got {knee!r}")
+    passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "spread_tokens", "heat",
+                                           "host", "attention_s", "bucket", "greedy"])
+    numbers = ["pass_s", "model_s", "num_samples", "spread_tokens", "heat", "attention_s", "bucket"]
+    passes[numbers] = passes[numbers].astype(float).fillna({"spread_tokens": 0.0, "heat": 0.0, "attention_s": 0.0,
+                                                            "bucket": 0.0})
+    kept = (passes["path"].isin(GRAPH_PATHS) & (passes["num_samples"] > knee) & (passes["spread_tokens"] == 0)
+            & ~passes["greedy"].fillna(False).astype(bool))
+    rows = _finite_rows(passes[kept], "pass_s", "model_s", "heat")
+    too_few = (f"no host has {min_count} passes past {knee:g} sampled entries on a graph path (sampled warm-up and "
+               "overload runs) to fit the step's knee on")
+    if len(rows) == 0:  # (an empty frame's columns lose their number types)
+        raise ValueError(too_few)
+    plain = serving.with_step_knee(0.0, {})
+    swept = _swept_steps(rows, serving.attention_scale).to_numpy()
+    priced = np.array([plain.step_seconds(path, step, int(n), heat, int(bucket)) for path, step, n, heat, bucket
+                       in zip(rows["path"], swept, rows["num_samples"], rows["heat"], rows["bucket"])])
+    rows = rows.assign(priced=priced, past=rows["num_samples"] - knee)
+    hosts: dict[str, dict] = {}
+    for (path, host), part in rows.groupby(["path", "host"]):
+        if len(part) < min_count:
+            continue
+        X = np.column_stack([np.ones(len(part)), part["past"].to_numpy()])
+        saved = part["priced"].to_numpy() - part["pass_s"].to_numpy()
+        coef = _robust_fit(X, saved, np.zeros(2), part["priced"].to_numpy())
+        hosts.setdefault(path, {})[host] = {"saved_s": float(coef[0]), "per_sample_s": float(coef[1]),
+                                            "n": int(len(part))}
+    if not hosts:
+        raise ValueError(too_few)
+    saved = {path: {key: max(0.0, float(np.median([h[key] for h in fits.values()]))) for key in KNEE_KEYS}
+             for path, fits in hosts.items()}
+    before = {"step_knee": serving.step_knee, "step_saved_past_knee": serving.step_saved_past_knee}
+    return saved, {"knee": float(knee), "hosts": hosts, "before": before}
 
 
 def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None = None,
@@ -669,6 +777,7 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
+    passes = passes.assign(pass_s=passes["pass_s"] + _knee_saved(passes, serving))  # as priced before the knee
     attention = {**{p: serving.attention_scale[p] for p in passes["path"].unique()},
                  **_attention_scales(passes, min_count)}
     inherited = {alone for alone, base in PREFILL_PATHS.items() if alone in attention and base in attention}

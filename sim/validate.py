@@ -50,6 +50,7 @@ import numpy as np
 from calibration.host_spread import HostSpread, MeasuredHost
 from calibration.serving import (
     HEAT_TAU_S,
+    STEP_KNEE,
     decode_spread_tokens,
     prefill_heats,
     scale_path,
@@ -785,6 +786,7 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
                            "pass_s": p["pass_s"] + back,
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
                            "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
+                           "greedy": m.cell.temperature == 0,
                            "bucket": cost.model.bucket(PassFeatures.from_mapping(p)) if p["passes"] == 1 else 0,
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["decode_context"],
                                                                  p["decode_max_context"])})
@@ -1304,6 +1306,26 @@ def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, st
     return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
 
 
+def with_step_knee(profile, measured: tuple[Path, ...], hosts: dict[Path, str], knee: float,
+                   samplers: dict[Path, str] | None = None):
+    """``profile`` with what its graph steps save past ``knee`` sampled entries (``calibration.serving.
+    fit_step_knee``), measured on the ``measured`` runs' sampled warm-up and overload passes (only those reach such
+    batches), each host weighing as one, the rest of the section kept, and those runs' hosts recorded again. A run
+    of today's sampler has the section's ``sampler_saved`` put back on its steps, as the section prices them."""
+    from calibration.serving import fit_step_knee
+
+    if profile.serving is None:
+        raise ValueError("the profile has no serving section whose steps to price past a knee")
+    bare = profile.with_serving(None)
+    passes = [row for directory in measured
+              for row in serving_measurements(directory, bare, hosts.get(directory),
+                                              heat_tau_s=profile.serving.heat_tau_s,
+                                              sampler_saved=profile.serving.sampler_saved_seconds,
+                                              sampler=(samplers or {}).get(directory))[0]]
+    serving = profile.serving.with_step_knee(knee, *fit_step_knee(passes, profile.serving, knee))
+    return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
+
+
 def _folder_name(directory: Path) -> str:
     return directory.name or directory.resolve().name  # "." has no name of its own
 
@@ -1471,6 +1493,13 @@ def _command():
                        "on the path's scale, the median over hosts of served / priced in that bucket over the "
                        "host's median (the cells' passes included: judge the result on other runs), the levels and "
                        "the rest of the section kept; records the runs' hosts again and compares with that.")
+    @click.option("--fit-step-knee", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile with what its graph steps save past --step-knee sampled entries, per path "
+                       "(at the knee and per entry beyond), measured on the runs' sampled warm-up and overload "
+                       "passes, each host weighing as one, the rest of the section kept; records the runs' hosts "
+                       "again and compares with that (after --fit-levels where both are given).")
+    @click.option("--step-knee", type=click.IntRange(min=1), default=None,
+                  help="With --fit-step-knee, the sampled entries past which a step saves (default 128).")
     @click.option("--fit-greedy", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the profile with its greedy graph passes priced (one on its own or a decode step "
                        "enqueued ahead: its price less what it saves, the sampling it skips and the host work it "
@@ -1498,7 +1527,8 @@ def _command():
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, server_cpus,
                  client_cpus, time_budget, out,
                  measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
-                 level_growth, level_per_sample, fit_greedy, fit_loop, loop_cells, fit_buckets, record_hosts,
+                 level_growth, level_per_sample, fit_step_knee, step_knee, fit_greedy, fit_loop, loop_cells,
+                 fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1528,7 +1558,8 @@ def _command():
             raise click.UsageError(str(e)) from None
         for flag, given in (("--fit-serving", fit_serving), ("--record-hosts", record_hosts),
                             ("--fit-noise", fit_noise), ("--fit-levels", fit_levels), ("--fit-greedy", fit_greedy),
-                            ("--fit-loop", fit_loop), ("--fit-buckets", fit_buckets)):
+                            ("--fit-loop", fit_loop), ("--fit-buckets", fit_buckets),
+                            ("--fit-step-knee", fit_step_knee)):
             if given and not isinstance(cost, Profile):
                 raise click.UsageError(f"{flag} needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and not isinstance(cost, Profile):
@@ -1541,6 +1572,8 @@ def _command():
                 raise click.UsageError(f"{flag} is for --fit-levels; give --fit-levels FILE")
         if loop_cells and not fit_loop:
             raise click.UsageError("--loop-cells is for --fit-loop; give --fit-loop FILE")
+        if step_knee is not None and not fit_step_knee:
+            raise click.UsageError("--step-knee is for --fit-step-knee; give --fit-step-knee FILE")
         if fit_serving and record_hosts:
             raise click.UsageError("--fit-serving records its runs' hosts in its profile; drop --record-hosts")
         if not measured:
@@ -1613,6 +1646,14 @@ def _command():
                                       cost.serving.fit["step_per_sample"]["hosts"].items()) + ")"
                           if level_per_sample else "")
             click.echo(f"serving levels at heat 0, the hosts' median: {moved}{grown}{per_sample}; wrote {fit_levels}")
+        if fit_step_knee:
+            cost = _fitted("--fit-step-knee", fit_step_knee, with_step_knee, cost, measured, hosts,
+                           STEP_KNEE if step_knee is None else step_knee, samplers)
+            click.echo(f"graph steps past {cost.serving.step_knee:g} sampled entries save: " + "; ".join(
+                f"{path} {saved['saved_s'] * 1e6:.0f} us + {saved['per_sample_s'] * 1e6:.2f} us an entry past it ("
+                + ", ".join(f"{h} {f['saved_s'] * 1e6:.0f} + {f['per_sample_s'] * 1e6:.2f}"
+                            for h, f in cost.serving.fit["step_knee"]["hosts"][path].items()) + ")"
+                for path, saved in cost.serving.step_saved_past_knee.items()) + f"; wrote {fit_step_knee}")
         if fit_greedy:
             cost = _fitted("--fit-greedy", fit_greedy, with_greedy, cost, measured, hosts)
             greedy, fit = cost.serving.greedy, cost.serving.fit["greedy"]
@@ -1628,7 +1669,8 @@ def _command():
                 for path, factors in cost.serving.bucket_scale.items()) + f"; wrote {fit_buckets}")
         if record_hosts:
             cost = _fitted("--record-hosts", record_hosts, with_measured_hosts, cost, measured, hosts)
-        written = record_hosts or fit_buckets or fit_levels or fit_loop or fit_serving  # the last one written
+        written = (record_hosts or fit_buckets or fit_step_knee or fit_levels or fit_loop
+                   or fit_serving)  # the last one written
         if written:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
             click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "

@@ -20,6 +20,7 @@ from calibration.serving import (
     fit_path_growth,
     fit_path_levels,
     fit_serving,
+    fit_step_knee,
     fit_step_per_sample,
     prefill_heats,
     scale_path,
@@ -504,6 +505,78 @@ def test_the_served_steps_work_per_sampled_entry_and_the_levels_beneath_it():
     assert ServingModel.from_dict(priced.to_dict()).step_per_sample_s == b
     with pytest.raises(ValueError, match="no host has 10 passes that sample on a graph path"):
         fit_step_per_sample(passes, section, ["eager"])
+
+
+def test_a_graph_step_past_the_knee_saves_what_the_hosts_show():
+    """Three hosts served graph steps on their price up to 128 sampled entries and past it under it, decode steps by
+    0.9-1.1 ms + 2 us an entry beyond, mixed passes by 0.4 ms + 16-22 us; greedy passes (which skip the sampling)
+    and steps over contexts of different lengths ran on their price and stay out. The fit reads each path's two
+    numbers as the hosts' medians; the price drops by them past the knee on the graph paths only, never below 0,
+    and the section keeps them through its dict (a section without them keeps the older form)."""
+    rng = np.random.default_rng(7)
+    section = ServingModel(path_scale={"decode-graph": 0.99, "mixed-graph": 0.9}, step_per_sample_s=5e-6)
+    truth = {"a": {"decode-graph": (0.9e-3, 2e-6), "mixed-graph": (0.4e-3, 16e-6)},
+             "b": {"decode-graph": (1.0e-3, 1.5e-6), "mixed-graph": (0.35e-3, 19e-6)},
+             "c": {"decode-graph": (1.1e-3, 2.5e-6), "mixed-graph": (0.45e-3, 22e-6)}}
+
+    def host(name: str) -> dict:
+        n = 800
+        path = np.where(rng.uniform(size=n) < 0.5, "decode-graph", "mixed-graph")
+        samples = rng.integers(1, 257, n)
+        swept = 0.006 + 4e-5 * samples + np.where(path == "mixed-graph", 0.012, 0.0)
+        priced = np.array([section.step_seconds(p, s, int(k)) for p, s, k in zip(path, swept, samples)])
+        saved = np.array([truth[name][p][0] + truth[name][p][1] * (k - 128) if k > 128 else 0.0
+                          for p, k in zip(path, samples)])
+        greedy, spread = rng.uniform(size=n) < 0.1, rng.uniform(size=n) < 0.1
+        served = np.where(greedy | spread, priced, priced - saved) * (1 + rng.normal(0, 0.003, n))
+        served[:2] *= np.array([0.3, 2.5])  # passes timed apart from their work
+        return {"path": path, "model_s": swept, "attention_s": np.zeros(n), "heat": np.zeros(n), "host": [name] * n,
+                "pass_s": served, "num_samples": samples, "greedy": greedy, "spread_tokens": 300.0 * spread}
+
+    passes = joined(host("a"), host("b"), host("c"))
+    saved, fit = fit_step_knee(passes, section)
+    assert saved["decode-graph"] == {"saved_s": pytest.approx(1.0e-3, rel=0.05),
+                                     "per_sample_s": pytest.approx(2e-6, abs=3e-7)}
+    assert saved["mixed-graph"] == {"saved_s": pytest.approx(0.4e-3, rel=0.15),
+                                    "per_sample_s": pytest.approx(19e-6, rel=0.05)}
+    assert fit["knee"] == 128 and fit["hosts"]["mixed-graph"]["c"]["per_sample_s"] == pytest.approx(22e-6, rel=0.05)
+    kneed = section.with_step_knee(128, saved, fit)
+    plain = section.step_seconds("mixed-graph", 0.02, 200)
+    assert kneed.step_seconds("mixed-graph", 0.02, 128) == section.step_seconds("mixed-graph", 0.02, 128)
+    assert kneed.step_seconds("mixed-graph", 0.02, 200) == pytest.approx(
+        plain - saved["mixed-graph"]["saved_s"] - 72 * saved["mixed-graph"]["per_sample_s"])
+    assert kneed.step_seconds("eager", 0.02, 200) == section.step_seconds("eager", 0.02, 200)
+    dear = ServingModel(step_knee=1, step_saved_past_knee={"decode-graph": {"saved_s": 1.0, "per_sample_s": 0.0}})
+    assert dear.step_seconds("decode-graph", 0.01, 2) == 0.0
+    # a level fit on steps served at the kneed price gives the saving back first: the levels stay where they are
+    steps = {k: v for k, v in passes.items() if k not in ("greedy", "spread_tokens")}
+    steps["pass_s"] = np.array([kneed.step_seconds(p, m, int(n)) for p, m, n
+                                in zip(steps["path"], steps["model_s"], steps["num_samples"])])
+    steps["prefill_tokens"] = np.where(steps["path"] == "mixed-graph", 512.0, 0.0)
+    levels, _ = fit_path_levels(steps, kneed)
+    assert levels == {p: pytest.approx(kneed.path_scale[p]) for p in ("decode-graph", "mixed-graph")}
+    assert fit_path_levels(steps, section)[0]["mixed-graph"] < section.path_scale["mixed-graph"] - 0.005
+    again = ServingModel.from_dict(kneed.to_dict())
+    assert again.step_knee == 128 and again.step_saved_past_knee == kneed.step_saved_past_knee
+    assert "step_knee" not in section.to_dict() and "step_saved_past_knee" not in section.to_dict()
+    with pytest.raises(ValueError, match="no host has 10 passes past 300 sampled entries"):
+        fit_step_knee(passes, section, knee=300)
+    with pytest.raises(ValueError, match="knee must be a number of sampled entries >= 1"):
+        fit_step_knee(passes, section, knee=0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"step_saved_past_knee": {"eager": {"saved_s": 1e-3, "per_sample_s": 0.0}}}, "not a graph path"),
+    ({"step_saved_past_knee": {"decode-graph": {"saved_s": 1e-3}}}, "needs exactly the keys saved_s, per_sample_s"),
+    ({"step_saved_past_knee": {"decode-graph": {"saved_s": -1e-3, "per_sample_s": 0.0}}},
+     r"step_saved_past_knee\[decode-graph\].saved_s must be a finite number >= 0"),
+    ({"step_knee": 0.0}, "needs a step_knee > 0"),
+    ({"step_knee": -1.0}, "step_knee must be a finite number >= 0"),
+])
+def test_a_bad_knee_in_the_step_is_refused_by_name(change, message):
+    d = {"step_knee": 128.0, "step_saved_past_knee": {"decode-graph": {"saved_s": 1e-3, "per_sample_s": 1e-6}}}
+    with pytest.raises(ValueError, match=message):
+        ServingModel.from_dict({**d, **change})
 
 
 def test_each_host_weighs_as_one_in_the_loop():

@@ -1049,6 +1049,22 @@ def test_level_per_sample_needs_graph_passes_and_says_so(run, tmp_path):
     assert not target.exists()
 
 
+def test_fit_step_knee_needs_large_graph_steps_and_says_so(run, tmp_path):
+    """--fit-step-knee fits what graph steps save past the knee on the runs' sampled warm-up and overload passes; a
+    CPU run serves every pass eager, so it stops with an error that names what is missing and writes nothing, and
+    --step-knee alone is refused as a usage error."""
+    out, _ = run
+    target = tmp_path / "knee.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "k"), "--fit-step-knee", str(target), "--step-knee", "4"])
+    assert result.exit_code == 1 and "--fit-step-knee: no host has 10 passes past 4 sampled entries on a graph " \
+        "path" in result.output
+    assert not target.exists()
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "k"), "--step-knee", "4"])
+    assert result.exit_code == 2 and "--step-knee is for --fit-step-knee" in result.output
+
+
 def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     """--fit-greedy fits on runs sent at temperature 0; this run's were sampled (and a CPU run's passes are eager),
     so it stops with an error that names what is missing and how to send them, and writes nothing."""
