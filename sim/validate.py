@@ -898,7 +898,8 @@ def with_served_noise(profile, measured: tuple[Path, ...], hosts: dict[Path, str
 
 def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dict]:
     """What ``calibration.serving.fit_greedy`` fits, from ``directory``'s greedy warm-up and overload runs (sent at
-    temperature 0): each decode-graph step's price less its served time (step and loop) and its sampled entries,
+    temperature 0): each decode-graph step's price (the sampled price with the sampler's saving since the sweep
+    given back, as ``Profile.greedy_seconds`` starts from) less its served time (step and loop) and its sampled entries,
     enqueued ahead (``kind`` "ahead") or not ("step"); and each pass that follows a decode pass ahead the engine
     discarded ("discarded"): its served time beyond its price, over the price of the decode step before it, which
     the discarded pass repeated. The trace names the passes that discarded one (``PassRecord.discarded``); in
@@ -923,7 +924,11 @@ def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dic
         last_tokens = {r["token_times"][-1] for r in trace_requests.values() if r["token_times"]}
         for engine in trace_passes:
             heats = prefill_heats(engine, card.tau_s if card is not None else HEAT_TAU_S)
-            price = [profile.predict(PassFeatures.from_mapping(p), heats[i]) for i, p in enumerate(engine)]
+            # the price a greedy pass is priced from (``Profile.greedy_seconds``): the sampled one with what the
+            # sampler saves since the sweep given back, since a greedy pass never runs the sampler
+            price = [profile.predict(f, heats[i]) + profile.serving.sampler_saved_seconds(f.num_samples,
+                                                                                          f.prefill_tokens)
+                     for i, f in enumerate(map(PassFeatures.from_mapping, engine))]
             for i in range(1, len(engine) - 1):
                 before, p, after = engine[i - 1], engine[i], engine[i + 1]
                 if not any(lo <= p["start"] <= hi for lo, hi in spans) or p["num_samples"] == 0 \

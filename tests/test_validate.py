@@ -1144,9 +1144,17 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
     """The served passes a greedy fit reads: each decode step's saving, ahead or not, and what a pass that discarded
     the step ahead took beyond its price. A trace that names discards (``PassRecord.discarded``) is read as named;
     an older one is guessed at only under a scheduler that puts decodes first (prefill-first enqueues nothing ahead
-    of a step in which a request starts a KV block, so a prompt after a decode step need not have discarded one)."""
+    of a step in which a request starts a KV block, so a prompt after a decode step need not have discarded one).
+    Each is read against the price a greedy pass starts from: the sampled price with what the sampler saves since
+    the sweep given back, since a greedy pass never runs the sampler."""
+
+    class Serving:  # the sampler saves 1 ms on a pass that samples
+        def sampler_saved_seconds(self, num_samples, prefill_tokens=0):
+            return 0.001 if num_samples else 0.0
 
     class Price:  # every pass 10 ms, on a card without heat
+        serving = Serving()
+
         def new_heat(self):
             return None
 
@@ -1178,7 +1186,8 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
 
     rows = write_run(tmp_path / "named", "prefill-first", named=True)
     assert [r["kind"] for r in rows] == ["ahead", "discarded", "step"]  # the trace's first and last are not timed
-    assert rows[0]["saved_s"] == pytest.approx(0.002) and rows[1]["ratio"] == pytest.approx(0.4)
+    # the step ahead served in 8 ms of 11; the prompt's pass 3 ms over 11, a share of the step before's 11
+    assert rows[0]["saved_s"] == pytest.approx(0.003) and rows[1]["ratio"] == pytest.approx(0.003 / 0.011)
     assert rows == write_run(tmp_path / "old", "splitfuse", named=False)
     assert [r["kind"] for r in write_run(tmp_path / "old-prefill-first", "prefill-first", named=False)] == \
         ["ahead", "step"]
