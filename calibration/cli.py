@@ -65,10 +65,15 @@ def hosts_line(profile) -> str:
     """What ``--check`` says of a profile's measured hosts."""
     if profile.hosts is None:
         return "hosts: none measured against it (`splitfuse plan` plans on its own passes)"
-    factors = profile.hosts.factors()
-    return (f"hosts: {len(factors)} measured, simulated / served requests/s "
-            f"{min(factors.values()):.3f}-{max(factors.values()):.3f} (a host's mean over its runs); `splitfuse plan` "
-            f"plans for passes as slow as the slowest run of the workload's mix: {profile.hosts.describe_margins()}")
+    hosts = profile.hosts
+    factors = hosts.factors()
+    retired = len(hosts.runs) - len(hosts.active)
+    spread = (f"{len(factors)} measured, simulated / served requests/s {min(factors.values()):.3f}-"
+              f"{max(factors.values()):.3f} (a host's mean over its runs)" if factors else "none measured now")
+    kept = f"; {retired} runs retired ({'; '.join(dict.fromkeys(r.retired for r in hosts.runs if r.retired))})" \
+        if retired else ""
+    return (f"hosts: {spread}{kept}; `splitfuse plan` plans for passes as slow as the slowest run of the workload's "
+            f"mix: {hosts.describe_margins()}")
 
 
 def energy_line(energy) -> str:
@@ -121,6 +126,12 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
 @click.option("--add-points", "add_points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="With --refit: fit the profile's points together with this points file, measured on the same card "
                    "(for instance one sweep kind re-measured with --only), recording it in the profile's meta.")
+@click.option("--retire-hosts", "retire_path", metavar="FILE|NAME",
+              help="Write the profile into --out with its measured hosts' runs on the engines of --engine retired "
+                   "(--because says why): kept on record, they set no margin of `splitfuse plan` any more.")
+@click.option("--engine", "engines", multiple=True, metavar="COMMIT",
+              help="With --retire-hosts: an engine commit whose runs to retire, as the runs record it (repeatable).")
+@click.option("--because", default="", help="With --retire-hosts: why, in words (kept in each retired run).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="With --check: also write the profile's figures here (one offline HTML file; a PNG per figure "
                    "where kaleido finds a Chrome or Chromium).")
@@ -146,13 +157,16 @@ def fit_points_file(points_path: Path, out: Path, seed: int = 0):
                    "passes of budgets over 1,024 tokens, to add to a profile with --refit ... --add-points.")
 @click.option("--no-fit", is_flag=True, help="Only measure points (fit later with --from-points).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def profile(model, dtype, out, check_path, from_points, refit_path, add_points, plot_dir, time_budget, rounds,
+def profile(model, dtype, out, check_path, from_points, refit_path, retire_path, engines, because, add_points, plot_dir,
+            time_budget, rounds,
             max_points, device, block_size, gpu_memory_utilization, seed, energy_seconds, kv_layout, mixed_per_bucket,
             only, no_fit, no_progress):
     """Profile a GPU into a cost model (--model ... --out FILE), refit points (--from-points) or a profile
     (--refit), or --check FILE."""
     from calibration.profile import load_profile
 
+    if (engines or because) and not retire_path:
+        raise click.UsageError("--engine and --because go with --retire-hosts")
     if check_path:
         if model or from_points:
             raise click.UsageError("--check takes only a profile (and optionally --plot); drop --model/--from-points")
@@ -173,6 +187,25 @@ def profile(model, dtype, out, check_path, from_points, refit_path, add_points, 
         raise click.UsageError("--add-points goes with --refit")
     if out is None:
         raise click.UsageError("--out FILE is required (or use --check FILE)")
+    if retire_path:
+        if model or from_points or refit_path:
+            raise click.UsageError("--retire-hosts takes a profile, --engine, --because and --out; drop the rest")
+        if not engines:
+            raise click.UsageError("--retire-hosts needs --engine COMMIT: the engines whose runs to retire")
+        try:
+            prof = load_profile(retire_path)
+            if prof.hosts is None:
+                raise ValueError(f"{retire_path}: no measured hosts to retire")
+            unknown = set(engines) - {run.commit for run in prof.hosts.runs}
+            if unknown:
+                raise ValueError(f"--engine {', '.join(sorted(unknown))}: no run of {retire_path} was served by it")
+            prof = prof.with_hosts(prof.hosts.retire(set(engines), because))
+            prof.save(out)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(hosts_line(prof))
+        click.echo(f"wrote {out}")
+        return
     if refit_path:
         if model or from_points:
             raise click.UsageError("--refit takes only a profile and --out; drop --model/--from-points")

@@ -55,12 +55,13 @@ FORMAT = "splitfuse-profile"
 # section's served step may grow per sampled entry beyond the sweep's price ("step_per_sample_s"); 17, 18: greedy
 # passes (``calibration.serving``); 19: a factor per mixed-graph bucket on the serving section's scale
 # ("bucket_scale"); 20: what a sampled pass saves since the sweep, by its kind and sampled entries ("sampler_saved");
-# 21: what a graph step saves past a knee in its sampled entries ("step_knee", "step_saved_past_knee").
+# 21: what a graph step saves past a knee in its sampled entries ("step_knee", "step_saved_past_knee"); 22: a
+# measured host's run may carry its overload run, to simulate again ("run"), and be retired ("retired").
 # Versions 2-15 are read too (no knees, no launch term; points without the longest contexts hold 0 for them, not
 # known; no heat; a loop of one line; prompts alone at the eager or mixed path's scale; no attention scale; no
 # spread charged beside prompt tokens; the sweep's spread of pass times; no work per sampled entry in the step).
-VERSION = 21
-READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+VERSION = 22
+READS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
 PROFILES_DIR = Path(__file__).parent / "profiles"
 META_KEYS = ("model", "card", "dtype", "tensor_parallel", "kind")
 

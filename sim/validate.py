@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -1166,22 +1167,65 @@ def is_overload_run(cell: Cell) -> bool:
 def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) -> list[MeasuredHost]:
     """One ``MeasuredHost`` per single-engine overload run of ``directory`` (the runs that measured a saturation
     rate): its ``steady_throughput`` as served and as simulated with ``cost`` on the same seeded requests and the KV
-    cache the server had. ``host`` overrides the run's recorded host (``run_host``)."""
+    cache the server had, and that run (``overload_run``) to simulate again. ``host`` overrides the run's recorded
+    host (``run_host``)."""
     meta, runs, _ = load_measured(directory, "calibration")
     label = run_host(meta, directory, host)
     rows = []
     for name, m, info in runs:
         if not is_overload_run(m.cell):
             continue
-        concurrency = engine_concurrency(m.cell, info)
-        served = ServedCost(cost, info["kv_total_blocks"], info["max_model_len"])
-        result = simulate(m.cell.workload(m.rate), ClusterConfig(served, 1, m.cell.policy), seed=m.cell.seed,
-                          workload_seed=m.cell.seed)
+        run = overload_run(m.cell, m.rate, info)
         rows.append(MeasuredHost(label, name, m.cell.mix,
-                                 steady_throughput([r.chunk_times[-1] for r in m.records], concurrency),
-                                 steady_throughput(result.columns["finish"], concurrency),
-                                 str(meta.get("date", ""))[:10], str(meta.get("commit", ""))))
+                                 steady_throughput([r.chunk_times[-1] for r in m.records], concurrency_of(run)),
+                                 simulated_overload_rps(cost, run),
+                                 str(meta.get("date", ""))[:10], str(meta.get("commit", "")), run))
     return rows
+
+
+OVERLOAD_RUN_KEYS = ("scheduler", "token_budget", "mix", "prompt", "output", "num_requests", "seed", "temperature",
+                     "rate", "kv_total_blocks", "max_model_len")
+
+
+def overload_run(cell: Cell, rate: float, info: dict) -> dict:
+    """What simulating an overload run again takes, as a measured host's ``run`` keeps it: its requests (the cell's
+    mix and seed), the rate they were sent at, and the KV cache and context limit the server had."""
+    return {"scheduler": cell.scheduler, "token_budget": cell.token_budget, "mix": cell.mix, "prompt": cell.prompt,
+            "output": cell.output, "num_requests": cell.num_requests, "seed": cell.seed,
+            "temperature": cell.temperature, "rate": float(rate), "kv_total_blocks": int(info["kv_total_blocks"]),
+            "max_model_len": int(info["max_model_len"])}
+
+
+def _overload_cell(run: Mapping) -> Cell:
+    missing = [key for key in OVERLOAD_RUN_KEYS if key not in run]
+    if missing:
+        raise ValueError(f"a measured host's run lacks {', '.join(missing)}")
+    return Cell(run["scheduler"], run["token_budget"], run["mix"], run["prompt"], run["output"], run["num_requests"],
+                seed=run["seed"], temperature=run["temperature"])
+
+
+def concurrency_of(run: Mapping) -> int:
+    """How many of an overload ``run``'s requests its engine holds at once (``engine_concurrency``)."""
+    return engine_concurrency(_overload_cell(run), run)
+
+
+def simulated_overload_rps(cost: CostModel, run: Mapping) -> float:
+    """The steady requests/s of an overload ``run`` (``overload_run``) as the simulator serves it with ``cost``."""
+    cell = _overload_cell(run)
+    served = ServedCost(cost, run["kv_total_blocks"], run["max_model_len"])
+    result = simulate(cell.workload(run["rate"]), ClusterConfig(served, 1, cell.policy), seed=cell.seed,
+                      workload_seed=cell.seed)
+    return steady_throughput(result.columns["finish"], concurrency_of(run))
+
+
+def rehosted(profile):
+    """``profile`` with each measured host's run that keeps its overload run simulated again on it: a fit that
+    moves the prices moves those rates, and a ratio holds only for the profile it was simulated with."""
+    if profile.hosts is None or not any(row.run for row in profile.hosts.runs):
+        return profile
+    rows = tuple(dataclasses.replace(row, simulated_rps=simulated_overload_rps(profile, row.run)) if row.run else row
+                 for row in profile.hosts.runs)
+    return profile.with_hosts(HostSpread(rows))
 
 
 MIN_PATH_PASSES = 20  # fewer traced passes of a path than this give it no factor of its own
@@ -1389,6 +1433,12 @@ def _fitted(flag: str, path: Path, fit, *args):
         profile = fit(*args)
     except ValueError as e:
         raise click.ClickException(f"{flag}: {e}") from None
+    return saved(profile, path)
+
+
+def saved(profile, path: Path):
+    """``profile`` with its measured hosts simulated again on it (``rehosted``), saved to ``path``."""
+    profile = rehosted(profile)
     profile.save(path)
     return profile
 
@@ -1603,7 +1653,7 @@ def _command():
                 cost = with_measured_hosts(bare.with_serving(serving), measured, hosts)
             except ValueError as e:
                 raise click.ClickException(f"--fit-serving: {e}") from None
-            cost.save(fit_serving)
+            cost = saved(cost, fit_serving)
             fit_ = serving.fit
             knee = (f" (+ {serving.per_sample_above_knee_s * 1e6:.2f} us past {serving.loop_knee:.0f})"
                     if serving.per_sample_above_knee_s else "")
@@ -1620,7 +1670,7 @@ def _command():
                     cost = with_measured_hosts(cost, measured, hosts)
             except ValueError as e:
                 raise click.ClickException(f"--fit-noise: {e}") from None
-            cost.save(fit_noise)
+            cost = saved(cost, fit_noise)
             noise = cost.serving.fit["noise"]
             click.echo(f"served passes over their price, each run over its median ({noise['hosts']} hosts, "
                        f"{noise['passes']} passes): mean {noise['mean']:.4f}, p10 {noise['p10']:.4f}, p90 "
@@ -1639,7 +1689,7 @@ def _command():
                                         samplers)
             except ValueError as e:
                 raise click.ClickException(f"--fit-levels: {e}") from None
-            cost.save(fit_levels)
+            cost = saved(cost, fit_levels)
             moved = ", ".join(f"{path} {fit['before']:.4f} -> {cost.serving.path_scale[path]:.4f} ({fit['hosts']} "
                               f"hosts)" for path, fit in cost.serving.fit["levels"].items())
             growth = cost.serving.fit.get("growth", {}) if level_growth else {}

@@ -237,3 +237,48 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
             load_profile(damaged(tmp_path, lambda d, row=row: d.update(hosts={"runs": [row]})))
     with pytest.raises(ValueError, match="at least one measured run"):
         HostSpread(())
+
+
+def test_retired_hosts_stay_on_record_and_set_no_margin(tmp_path):
+    """Runs of a retired engine keep their rows and reason but leave the margins and factors to the others; a
+    profile whose runs are all retired plans on its own passes. --retire-hosts writes it, naming an engine no run
+    was served by, a missing reason or a profile without hosts as errors, and writing nothing then."""
+    from calibration.cli import profile as profile_cmd
+    from calibration.host_spread import HostSpread, MeasuredHost
+
+    run = {"scheduler": "splitfuse", "token_budget": 768, "rate": 90.0}
+    runs = (MeasuredHost("old", "splitfuse-768", "short", 20.0, 22.0, commit="aaa"),
+            MeasuredHost("new", "splitfuse-768", "short", 20.0, 20.4, commit="bbb", run=run),
+            MeasuredHost("new", "splitfuse-768", "long", 8.0, 8.08, commit="bbb"))
+    spread = HostSpread(runs).retire({"aaa"}, "an engine before the loop that streams deltas")
+    assert [r.retired for r in spread.runs] == ["an engine before the loop that streams deltas", "", ""]
+    assert spread.margin("short") == pytest.approx(0.02) and spread.factors() == pytest.approx({"new": 1.015})
+    assert spread.retire({"aaa"}, "again").runs[0].retired == spread.runs[0].retired  # the first reason stays
+    gone = HostSpread(runs).retire({"aaa", "bbb"}, "old")
+    assert gone.margin("short") == gone.margin() == 0 and gone.margins() == {} and "every measured run" in \
+        gone.describe_margins()
+    with pytest.raises(ValueError, match="say why"):
+        HostSpread(runs).retire({"aaa"}, " ")
+    path = load_profile("llama-2-7b").with_hosts(HostSpread(runs)).save(tmp_path / "hosts.json")
+    assert load_profile(path).hosts == HostSpread(runs)  # the run travels through the file
+    out = tmp_path / "retired.json"
+    result = CliRunner().invoke(profile_cmd, ["--retire-hosts", str(path), "--engine", "aaa", "--because",
+                                              "an older engine", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 runs retired (an older engine)" in result.output and "short 2.0%" in result.output
+    assert load_profile(out).hosts == HostSpread(runs).retire({"aaa"}, "an older engine")
+    result = CliRunner().invoke(profile_cmd, ["--check", str(out)])
+    assert result.exit_code == 0 and "hosts: 1 measured" in result.output and "1 runs retired" in result.output
+    for args, code, message in ((["--engine", "zzz", "--because", "x"], 1, "--engine zzz: no run"),
+                                (["--engine", "aaa"], 1, "say why"),
+                                (["--because", "x"], 2, "needs --engine COMMIT")):
+        again = tmp_path / "again.json"
+        result = CliRunner().invoke(profile_cmd, ["--retire-hosts", str(path), *args, "--out", str(again)])
+        assert result.exit_code == code and message in result.output, result.output
+        assert not again.exists()
+    bare = load_profile("llama-2-7b").with_hosts(None).save(tmp_path / "bare.json")
+    result = CliRunner().invoke(profile_cmd, ["--retire-hosts", str(bare), "--engine", "aaa", "--because", "x",
+                                              "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 1 and "no measured hosts" in result.output
+    result = CliRunner().invoke(profile_cmd, ["--check", "llama-2-7b", "--engine", "aaa"])
+    assert result.exit_code == 2 and "go with --retire-hosts" in result.output

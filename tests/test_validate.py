@@ -46,6 +46,7 @@ from sim.validate import (  # noqa: E402
     router_hop,
     run_host,
     serving_measurements,
+    simulated_overload_rps,
     steady_throughput,
     trace_files,
     validate,
@@ -793,6 +794,8 @@ def test_recorded_hosts_compare_each_overload_run_served_and_simulated(run, cpu_
     row = served.hosts.runs[0]
     assert row.host == run_host(json.loads((out / "meta.json").read_text()), out) and row.mix == "tiny"
     assert row.measured_rps > 0 and row.simulated_rps > 0 and row.commit == served.hosts.runs[0].commit
+    assert row.run["mix"] == "tiny" and row.run["rate"] > 0 and row.run["kv_total_blocks"] > 0
+    assert simulated_overload_rps(served, row.run) == pytest.approx(row.simulated_rps, rel=1e-9)  # simulated again
     recorded = tmp_path / "recorded.json"
     for _ in range(2):  # the second time from the file the first wrote: the same run replaces its row
         source = recorded if recorded.exists() else out / "served.json"
@@ -824,7 +827,11 @@ def test_fit_noise_writes_the_served_spread_that_the_simulator_draws_from(run, c
     q, fit = profile.serving.noise_q, profile.serving.fit["noise"]
     assert len(q) == NOISE_QUANTILES and (np.diff(q) >= 0).all() and (q > 0).all()
     assert fit["hosts"] == 1 and fit["passes"] >= 20 and abs(np.median(q) - 1.0) < 0.05
-    assert profile.hosts.runs == served.hosts.runs  # kept: --record-hosts records them again
+    # every row that keeps its overload run is simulated again with the spread it now draws from
+    assert [r.measured_rps for r in profile.hosts.runs] == [r.measured_rps for r in served.hosts.runs]
+    assert [r.simulated_rps for r in profile.hosts.runs] == pytest.approx(
+        [simulated_overload_rps(profile, r.run) for r in profile.hosts.runs], rel=1e-9)
+    assert [r.simulated_rps for r in profile.hosts.runs] != [r.simulated_rps for r in served.hosts.runs]
     f = PassFeatures(8, 0, 8, 8, 0, 8 * 30, 0, 8)
     assert profile.predict(f) == served.predict(f)  # the medians stay the section's
     u = np.array([0.0, 0.5, 0.9999])
@@ -1191,3 +1198,4 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
     assert rows == write_run(tmp_path / "old", "splitfuse", named=False)
     assert [r["kind"] for r in write_run(tmp_path / "old-prefill-first", "prefill-first", named=False)] == \
         ["ahead", "step"]
+
