@@ -1,11 +1,12 @@
 """Does `splitfuse plan`'s answer hold on a real card? The plan's per-replica rate, served by the real engine.
 
 `splitfuse plan` sizes a fleet from each replica's sustainable rate: the highest rate at which the simulator shows
-the SLA met (a share of requests) in steady state, on a host as slow as the profile's slowest measured run of the
-workload's mix (``sim.plan.replica_capacity``). This check runs that search, then serves its rates on a real card:
+the SLA met (a share of requests) in steady state, on a host as slow as the profile's margin for the workload's
+mix (``sim.plan.replica_capacity``; ``calibration.host_spread``). This check runs that search, then serves its
+rates on a real card:
 
 1. ``plan`` (CPU): for each SLA, the search on the plan's host (``--host-margin`` as the plan takes it; default
-   the profile's slowest measured run of the mix) and on the profile's own passes (a typical host): each answer
+   the profile's margin for the mix) and on the profile's own passes (a typical host): each answer
    (the highest rate shown to meet) and where it was shown to miss. Writes ``plan_rates.json``.
 2. ``run MODEL`` (GPU): `splitfuse serve` with the policy, a closed-loop warm-up, then an open-loop Poisson run of
    ``--requests`` at each of those rates (or ``--rates``): the same seeded requests at every rate, their arrival
@@ -218,7 +219,7 @@ def main(argv=None) -> None:
     p.add_argument("--sla", action="append", help=f"fastgen or goodput=KEY:MS ... (repeat; default {DEFAULT_SLAS})")
     p.add_argument("--sla-target", type=float, default=0.9)
     p.add_argument("--host-margin", type=float, default=None,
-                   help="default: the profile's slowest measured run of the mix")
+                   help="default: the profile's margin for the mix")
     p.add_argument("--replications", type=int, default=5)
     p.add_argument("--max-requests-per-replica", type=int, default=4000)
     p.add_argument("--processes", type=int, default=None)

@@ -63,6 +63,8 @@ def check_report(profile) -> str:
 
 def hosts_line(profile) -> str:
     """What ``--check`` says of a profile's measured hosts."""
+    from calibration.host_spread import HOST_QUANTILE
+
     if profile.hosts is None:
         return "hosts: none measured against it (`splitfuse plan` plans on its own passes)"
     hosts = profile.hosts
@@ -72,8 +74,11 @@ def hosts_line(profile) -> str:
               f"{max(factors.values()):.3f} (a host's mean over its runs)" if factors else "none measured now")
     kept = f"; {retired} runs retired ({'; '.join(dict.fromkeys(r.retired for r in hosts.runs if r.retired))})" \
         if retired else ""
+    card = profile.card_spread()
+    bound = (f" or a new host's {HOST_QUANTILE:.0%} bound, with the card's spread ({card.sd:.2%} in log factor, "
+             f"{card.dof} degrees of freedom)" if card is not None else "")
     return (f"hosts: {spread}{kept}; `splitfuse plan` plans for passes as slow as the slowest run of the workload's "
-            f"mix: {hosts.describe_margins()}")
+            f"mix{bound}: {hosts.describe_margins(card)}")
 
 
 def energy_line(energy) -> str:

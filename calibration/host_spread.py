@@ -4,10 +4,12 @@ Hosts of one card run the same passes a few percent apart (``calibration/VALIDAT
 host's passes, so on the others its capacity is off by that much. For each measured host, the section keeps the
 requests/s the host sustained in an overload run of the serving path, and what the simulator, with this profile,
 sustains on the same run (``splitfuse validate --from RUN... --record-hosts``). Their ratio is the host's pass-time
-factor: 1.03 means the profile would put 3% more through than the host did. ``margin`` is the slowest measured
-run's excess on the workload planned (its mix; any mix where none of it was measured), what ``splitfuse plan``
-plans for unless told otherwise: a factor depends on the mix as well as the host (the profile misprices some
-mixes' passes more than others'), and a plan must hold on the slowest card for its own mix.
+factor: 1.03 means the profile would put 3% more through than the host did. ``margin`` is what ``splitfuse plan``
+plans for unless told otherwise, on the workload's mix (any mix where none of it was measured; a factor depends on
+the mix as well as the host, since the profile misprices some mixes' passes more than others'): the larger of the
+slowest measured run's excess and the excess a new host stays under with probability ``HOST_QUANTILE``. That bound
+is Student's t prediction bound on the mix's runs' mean log factor, with the card's spread (``CardSpread``) pooled
+over every profile measured on the card: a few runs of one profile are too few to show how slow a card can be.
 
 The ratios hold for the profile they were measured against. A row recorded since version 22 carries its overload
 run (``run``: the requests, the rate and the KV cache the server had), so that ``splitfuse validate`` simulates it
@@ -24,6 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
+HOST_QUANTILE = 0.99  # the share of a card's hosts that a plan's margin covers (``CardSpread.bound``)
 FIELDS = ("host", "scheduler", "mix", "measured_rps", "simulated_rps", "date", "commit", "run", "retired")
 REQUIRED = FIELDS[:5]
 
@@ -89,22 +92,34 @@ class HostSpread:
         means = {host: sum(f) / len(f) for host, f in by_host.items()}
         return dict(sorted(means.items(), key=lambda item: -item[1]))
 
-    def margin(self, mix: str | None = None) -> float:
-        """How much slower than the profile the slowest active run of ``mix`` ran (0 where every run kept up, or
-        every run is retired); where no active run is of ``mix`` (or none is named), the slowest of any mix."""
-        runs = [run for run in self.active if run.mix == mix] or self.active
-        return max(0.0, max((run.factor for run in runs), default=1.0) - 1)
+    def by_mix(self) -> dict[str, list[float]]:
+        """{mix: its active runs' log factors}, in the order first named."""
+        logs: dict[str, list[float]] = {}
+        for run in self.active:
+            logs.setdefault(run.mix, []).append(math.log(run.factor))
+        return logs
 
-    def margins(self) -> dict[str, float]:
-        """{mix: ``margin(mix)``} for each mix the active runs name, in the order first named."""
-        return {mix: self.margin(mix) for mix in dict.fromkeys(run.mix for run in self.active)}
+    def margin(self, mix: str | None = None, card: CardSpread | None = None,
+               quantile: float = HOST_QUANTILE) -> float:
+        """How much slower than the profile a host may run ``mix``: its slowest active run's excess, or with the
+        ``card``'s spread the ``quantile`` bound on a new host's where that is larger (0 where every run kept up, or
+        every run is retired); where no active run is of ``mix`` (or none is named), over the runs of every mix."""
+        logs = self.by_mix().get(mix) or [x for mix_logs in self.by_mix().values() for x in mix_logs]
+        if not logs:
+            return 0.0
+        bound = card.bound(logs, quantile) if card is not None else 1.0
+        return max(0.0, max(math.exp(max(logs)), bound) - 1)
 
-    def describe_margins(self) -> str:
+    def margins(self, card: CardSpread | None = None) -> dict[str, float]:
+        """{mix: ``margin(mix, card)``} for each mix the active runs name, in the order first named."""
+        return {mix: self.margin(mix, card) for mix in self.by_mix()}
+
+    def describe_margins(self, card: CardSpread | None = None) -> str:
         """"long 3.5%, short 6.6%; any other mix 6.6%": the margin of each mix and of the rest."""
         if not self.active:
             return "none (every measured run is retired)"
-        return (", ".join(f"{mix} {m:.1%}" for mix, m in self.margins().items())
-                + f"; any other mix {self.margin():.1%}")
+        return (", ".join(f"{mix} {m:.1%}" for mix, m in self.margins(card).items())
+                + f"; any other mix {self.margin(None, card):.1%}")
 
     def to_dict(self) -> dict:
         return {"runs": [{k: v for k, v in asdict(run).items() if k in REQUIRED or v not in (None, "")}
@@ -124,3 +139,35 @@ class HostSpread:
             runs.append(MeasuredHost(**{k: dict(row[k]) if k == "run" and isinstance(row[k], Mapping) else row[k]
                                         for k in FIELDS if k in row}))
         return cls(tuple(runs))
+
+
+@dataclass(frozen=True)
+class CardSpread:
+    """How far a card's hosts scatter around a profile's price: the standard deviation of a run's log factor about
+    the mean of its profile's runs of its mix, pooled over the profiles measured on the card (``pooled``), and its
+    degrees of freedom."""
+
+    sd: float
+    dof: int
+
+    @classmethod
+    def pooled(cls, spreads) -> CardSpread | None:
+        """The spread of the hosts of ``spreads`` (HostSpreads of one card); None with fewer than 2 degrees of
+        freedom (runs beyond one a mix)."""
+        squares, dof = 0.0, 0
+        for spread in spreads:
+            for logs in spread.by_mix().values():
+                mean = sum(logs) / len(logs)
+                squares += sum((x - mean) ** 2 for x in logs)
+                dof += len(logs) - 1
+        return cls(math.sqrt(squares / dof), dof) if dof >= 2 else None
+
+    def bound(self, logs: list[float], quantile: float = HOST_QUANTILE) -> float:
+        """The factor a new host stays under with probability ``quantile``, from runs' log factors ``logs``: their
+        mean plus Student's t times the spread, widened for the mean's own uncertainty (a prediction bound)."""
+        from scipy.stats import t
+
+        if not 0.5 <= quantile < 1:
+            raise ValueError(f"a host quantile must be in [0.5, 1), got {quantile!r}")
+        n = len(logs)
+        return math.exp(sum(logs) / n + float(t.ppf(quantile, self.dof)) * self.sd * math.sqrt(1 + 1 / n))

@@ -21,6 +21,7 @@ field it names instead of simulating NaNs. Torch-free and cheap to import: the s
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -37,7 +38,7 @@ from calibration.cost_model import (
     with_unknown_contexts,
 )
 from calibration.energy import EnergyModel
-from calibration.host_spread import HostSpread
+from calibration.host_spread import CardSpread, HostSpread
 from calibration.serving import GRAPH_PATHS, PrefillHeat, ServingModel, scale_path
 from engine.policy import PassFeatures
 
@@ -184,9 +185,19 @@ class Profile:
         return profile
 
     def host_margin(self, mix: str | None = None) -> float:
-        """How much slower than this profile its slowest measured run of ``mix`` ran (``HostSpread.margin``; 0 where
-        no host was measured against it)."""
-        return self.hosts.margin(mix) if self.hosts is not None else 0.0
+        """How much slower than this profile a host of its card may run ``mix`` (``HostSpread.margin`` with the
+        card's spread, ``card_spread``; 0 where no host was measured against it)."""
+        return self.hosts.margin(mix, self.card_spread()) if self.hosts is not None else 0.0
+
+    def card_spread(self) -> CardSpread | None:
+        """Its card's hosts' spread, pooled over its own hosts and those of the shipped profiles of its card and
+        other models."""
+        if self.hosts is None:
+            return None
+        card, model = self.meta.get("card"), self.meta.get("model")
+        others = [hosts for other_card, other_model, hosts in _shipped_hosts()
+                  if other_card == card and other_model != model]
+        return CardSpread.pooled([self.hosts, *others])
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -347,6 +358,14 @@ def _points_from(p, bad) -> list[dict]:
                       f"{len(columns)} columns")
     # swept before the longest contexts were recorded: 0, not known
     return [with_unknown_contexts(dict(zip(columns, row))) for row in p["rows"]]
+
+
+@functools.cache
+def _shipped_hosts() -> tuple[tuple[str, str, HostSpread], ...]:
+    """(card, model, hosts) of each shipped measured profile with measured hosts."""
+    profiles = [load_profile(name) for name in shipped_profiles()]
+    return tuple((p.meta.get("card"), p.meta.get("model"), p.hosts) for p in profiles
+                 if p.meta.get("kind") == "measured" and p.hosts is not None)
 
 
 def shipped_profiles() -> list[str]:

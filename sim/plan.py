@@ -62,7 +62,7 @@ class PlanConfig:
     ``fit_resamples``: bootstrap refits of each profile's cost model. Checks run ``check_replications`` runs of
     ``check_requests_per_replica`` requests per replica (doubled up to 4x while undecided). ``host_margin``: plan
     for hosts whose passes run this share slower than the profile's (0.04: 4%), in the search and the checks alike
-    (``sim.costs.SlowerHost``); None: each profile's slowest measured run of the workload's ``mix`` (``margin``).
+    (``sim.costs.SlowerHost``); None: each profile's margin for the workload's ``mix`` (``margin``).
     ``mix``: the named mix the workload draws (``sim.workload.mix_name``; None: none of them, any mix's runs count)."""
 
     target_rate: float
@@ -91,9 +91,10 @@ class PlanConfig:
                              f"{self.host_margin!r}")
 
     def margin(self, profile: str) -> float:
-        """The share by which ``profile``'s replicas are planned slower: ``host_margin`` where given, else how much
-        slower than the profile its slowest measured run of ``mix`` ran (``calibration.host_spread``; any mix's where
-        none of ``mix`` was measured; 0 where no host was)."""
+        """The share by which ``profile``'s replicas are planned slower: ``host_margin`` where given, else the
+        profile's ``host_margin`` for ``mix``: its slowest measured run of it, or the bound a new host of its card
+        stays under where larger (``calibration.host_spread``; any mix's runs where none of ``mix`` was measured; 0
+        where no host was)."""
         if self.host_margin is not None:
             return self.host_margin
         margin = getattr(_cost(profile), "host_margin", None)

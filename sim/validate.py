@@ -1728,7 +1728,8 @@ def _command():
                    or fit_serving)  # the last one written
         if written:
             factors = ", ".join(f"{h} {f:.3f}" for h, f in cost.hosts.factors().items())
-            click.echo(f"hosts, simulated / served requests/s: {factors}; margins {cost.hosts.describe_margins()}; "
+            click.echo(f"hosts, simulated / served requests/s: {factors}; margins "
+                       f"{cost.hosts.describe_margins(cost.card_spread())}; "
                        f"wrote {written}")
         if host_margin:
             cost = SlowerHost(cost, 1 + host_margin)

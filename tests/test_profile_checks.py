@@ -239,6 +239,42 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
         HostSpread(())
 
 
+
+def test_a_cards_spread_pooled_over_its_profiles_bounds_a_new_host():
+    """The spread is the runs' scatter about their own profile's mean for the mix, pooled (retired runs left out);
+    the margin is the larger of the slowest run and Student's t prediction bound for a new host; a profile plans
+    with its card's spread pooled over the shipped profiles of other models."""
+    import math
+
+    from scipy.stats import t
+
+    from calibration.host_spread import CardSpread, HostSpread, MeasuredHost
+
+    def spread(factors, mix="short"):
+        return HostSpread(tuple(MeasuredHost(f"h{i}", "splitfuse-768", mix, 10.0, 10.0 * f)
+                                for i, f in enumerate(factors)))
+
+    a, b = spread([0.98, 0.99, 1.00]), spread([1.02, 1.04], "long")
+    card = CardSpread.pooled([a, b])
+    logs_a, logs_b = [math.log(f) for f in (0.98, 0.99, 1.00)], [math.log(f) for f in (1.02, 1.04)]
+    squares = sum((x - sum(v) / len(v)) ** 2 for v in (logs_a, logs_b) for x in v)
+    assert card.dof == 3 and card.sd == pytest.approx(math.sqrt(squares / 3))
+    bound = math.exp(sum(logs_a) / 3 + t.ppf(0.99, 3) * card.sd * math.sqrt(1 + 1 / 3))
+    assert a.margin("short", card) == pytest.approx(bound - 1) and bound > 1.0  # above the slowest run (1.00)
+    assert a.margin("short") == 0 and a.margin("short", card, quantile=0.5) == pytest.approx(0.0)
+    assert CardSpread.pooled([a.retire(set(), "x")]) == CardSpread.pooled([a])
+    assert CardSpread.pooled([spread([1.0]), spread([1.1], "long")]) is None  # one run a mix: no scatter to pool
+    with pytest.raises(ValueError, match="host quantile"):
+        card.bound(logs_a, 1.0)
+    profile = load_profile("llama-3-8b-h200-bf16")
+    own = profile.card_spread()
+    others = [load_profile(n).hosts for n in ("llama-2-7b-h200-bf16", "mistral-7b-h200-bf16", "llama-2-13b-h200-bf16")]
+    pooled = CardSpread.pooled([profile.hosts, *others])
+    assert own.dof == pooled.dof and own.sd == pytest.approx(pooled.sd)
+    assert profile.host_margin("short") == pytest.approx(profile.hosts.margin("short", own))
+    assert load_profile("llama-2-7b-h100-bf16").card_spread() == CardSpread.pooled(
+        [load_profile("llama-2-7b-h100-bf16").hosts])  # no other profile of its card
+
 def test_retired_hosts_stay_on_record_and_set_no_margin(tmp_path):
     """Runs of a retired engine keep their rows and reason but leave the margins and factors to the others; a
     profile whose runs are all retired plans on its own passes. --retire-hosts writes it, naming an engine no run
