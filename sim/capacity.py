@@ -9,8 +9,11 @@ the share's interval lies below the target, or the growth's above ``max_growth``
 ``STEADY_RATIO`` of the arrivals. The share decides only once the runs are long enough: the batch means of
 meeting the SLA correlate (lag 1) by at most ``MAX_LAG1``. Otherwise the run length doubles, up to
 ``max_requests_per_replica`` per replica. A rate meets only if it meets at two run lengths in a row (n, then
-2n), so its verdict does not move with the run length; a rate still undecided at the cap (or decided to within the
-tolerances) counts as not meeting: the answer is a rate shown to hold, never one that merely did not fail yet.
+2n) with its share no lower at 2n than at n by more than ``share_tol``, so its verdict does not move with the run
+length: just under saturation a latency limit's share can fall with the run's length long after the queue's growth
+looks flat, which two short runs that both met did not show. A rate still undecided at the cap (or decided to
+within the tolerances) counts as not meeting: the answer is a rate shown to hold, never one that merely did not
+fail yet.
 """
 
 from __future__ import annotations
@@ -192,14 +195,25 @@ def judge(summaries: list[dict], search: SearchConfig) -> tuple[str, bool, dict]
     return verdict, narrow, {"share": share, "growth": growth, "achieved": achieved}
 
 
+def is_confirmed(verdict: str, before: str | None, before_share: float | None, share: float,
+                 search: SearchConfig) -> bool:
+    """Whether a rate's ``verdict`` at a run length stands: a miss at once; a meet only after a meet at half the
+    length (``before``, its mean share ``before_share``) whose share this one's ``share`` is within ``share_tol``
+    of or above."""
+    if verdict == "misses":
+        return True
+    return verdict == "meets" and before == "meets" and before_share - share <= search.share_tol
+
+
 def evaluate(workload: Workload, config: ClusterConfig, rate: float, sla: SLA | None, search: SearchConfig,
              backend: str = "local", processes: int | None = None, ray_address: str | None = None) -> Evaluation:
     """Judge ``rate`` (``judge``), doubling the run length while undecided, up to the cap. A rate meets only when
-    it meets at two run lengths in a row (n and 2n): a verdict that moves with the run length is no verdict."""
+    it meets at two run lengths in a row (n and 2n), its share not falling between them by more than ``share_tol``:
+    a verdict that moves with the run length is no verdict."""
     replicas = config.replicas
     n = search.requests_per_replica * replicas
     cap = search.max_requests_per_replica * replicas
-    before = None
+    before, before_share = None, None
     while True:
         w = dataclasses.replace(workload, rate=float(rate), num_requests=n)
         tasks = [Replication(w, config, s, sla) for s in search.seeds]
@@ -207,13 +221,13 @@ def evaluate(workload: Workload, config: ClusterConfig, rate: float, sla: SLA | 
         for s in summaries:
             s["achieved_ratio"] = s["completion_rate_rps"] / s["arrival_rate_rps"]
         verdict, narrow, iv = judge(summaries, search)
-        confirmed = verdict == "misses" or (verdict == "meets" and before == "meets")
+        confirmed = is_confirmed(verdict, before, before_share, iv["share"][0], search)
         if confirmed or n >= cap or (verdict == "undecided" and narrow):
             if verdict == "meets" and not confirmed:
                 verdict = "undecided"  # met only at the longest run allowed: not shown to hold
             return Evaluation(float(rate), verdict, n, iv["share"], iv["growth"], iv["achieved"],
                               float(np.median([s["warmup_requests"] for s in summaries])), summaries)
-        before = verdict
+        before, before_share = verdict, iv["share"][0]
         n = min(2 * n, cap)
 
 

@@ -11,6 +11,7 @@ from sim.capacity import (
     SearchConfig,
     capacity_answer,
     capacity_search,
+    is_confirmed,
     judge,
     max_rate_meeting,
     paired_comparison,
@@ -103,6 +104,19 @@ def test_judge_misses_a_growing_queue_and_waits_on_correlated_batches():
     assert judge(runs(0.5, 0.0), search)[0] == "misses"
     assert judge(runs(0.99, 0.0, lag1=0.6), search)[0] == "undecided"  # batches remember: run longer
     assert judge(runs(0.5, 0.0, lag1=0.6), search)[0] == "undecided"
+
+
+def test_a_rate_meets_only_where_its_share_holds_as_the_runs_grow():
+    """Before, llama-3-8b's short mix met a goodput limit at 34.3 req/s on runs of 500 and 1,000 requests (shares
+    1.0, then 0.97) that fresh runs of 2,000 met in 0.65-1.0 of requests (mean 0.875), and a real card in 0.876: a
+    share falling with the run length is no verdict yet."""
+    search = SearchConfig(share_tol=0.01)
+    assert is_confirmed("misses", None, None, 0.5, search)
+    assert not is_confirmed("meets", None, None, 0.99, search)  # one length is not two
+    assert is_confirmed("meets", "meets", 0.995, 0.99, search) and is_confirmed("meets", "meets", 0.95, 0.99, search)
+    assert not is_confirmed("meets", "meets", 1.0, 0.97, search)  # fell by 3 points: run longer
+    assert not is_confirmed("meets", "undecided", 0.97, 0.97, search) and not is_confirmed("undecided", "meets", 0.99,
+                                                                                          0.99, search)
 
 
 def test_mser5_leaves_out_an_initial_transient_and_little_else():
