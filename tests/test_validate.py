@@ -1199,3 +1199,15 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
     assert [r["kind"] for r in write_run(tmp_path / "old-prefill-first", "prefill-first", named=False)] == \
         ["ahead", "step"]
 
+
+def test_every_shipped_host_that_keeps_its_run_reads_its_profile():
+    """A measured host's simulated rate holds for the profile it was simulated with: each shipped row that keeps its
+    overload run is simulated again on the shipped profile and must read what the row says (``rehosted``)."""
+    from calibration.profile import shipped_profiles
+
+    rows = [(name, row) for name in shipped_profiles() if load_profile(name).hosts is not None
+            for row in load_profile(name).hosts.runs if row.run]
+    assert rows  # the rows recorded since profile format 22
+    for name, row in rows:
+        assert simulated_overload_rps(load_profile(name), row.run) == pytest.approx(row.simulated_rps, rel=1e-6), \
+            (name, row.host, row.mix)
