@@ -13,7 +13,9 @@
 #   its own, its server apart from its clients (sim.cpu_sets), as a server whose clients are elsewhere runs;
 #   "shared": each grid on cores of its own, server and clients together; "any": anywhere, as before the
 #   forty-eighth round; C0..C3: grid N's own instead). Wheels in .whl/ (packages the machine lacks) are installed
-#   first. The CPU time of each Python thread is sampled each second (meta/cpu.csv.gz).
+#   first. The CPU time of each Python thread is sampled each second (meta/cpu.csv.gz). BESIDE: a command run
+#   beside the grids (e.g. benchmarks.plan_check_gpu run ... --out "$OUT/pc") on the GPUs of VB and the cores of one
+#   more measurement, under the same limit TO, logged to meta/beside.log.
 set -uo pipefail
 usage='usage: G0="MODEL PROFILE SCHEDULER SEED LOADS N CELL_S" [G1..G3=...] calibration/device_validate.sh'
 specs=0
@@ -44,7 +46,9 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,util
 sampler=$!
 python3 -m calibration.cpu_load "$work/meta/cpu.csv.gz" &
 cpu_sampler=$!
-mapfile -t cpu_sets < <(python3 -m sim.cpu_sets "$specs")  # "SERVER CLIENT" per grid, in order
+beside=0
+[ -n "${BESIDE:-}" ] && beside=1 && { [ -n "${VB:-}" ] || { echo "BESIDE needs VB, the GPUs it uses" >&2; exit 2; }; }
+mapfile -t cpu_sets < <(python3 -m sim.cpu_sets "$((specs + beside))")  # "SERVER CLIENT" per grid, in order
 grid=0
 pids=()
 for gpu in 0 1 2 3; do
@@ -77,9 +81,15 @@ for gpu in 0 1 2 3; do
         "${cpu_options[@]}" $extra >"$work/meta/g$gpu.log" 2>&1 &
     pids+=($!)
 done
+if [ "$beside" = 1 ]; then
+    read -r server_cpus client_cpus <<<"${cpu_sets[$grid]}"
+    OUT=$out CUDA_VISIBLE_DEVICES=$VB timeout "${TO:-545}" taskset -c "$server_cpus,$client_cpus" bash -c "$BESIDE" \
+        >"$work/meta/beside.log" 2>&1 &
+    pids+=($!)
+fi
 for pid in "${pids[@]}"; do wait "$pid"; echo "grid $pid exited $?"; done
 kill "$sampler" "$cpu_sampler"
-for log in "$work"/meta/g*.log; do echo "== $log"; tail -n 15 "$log"; done
+for log in "$work"/meta/*.log; do echo "== $log"; tail -n 15 "$log"; done
 # the device returns files of at most 16 MiB: the runs travel as parts (cat runs.txz.part* | xz -d | tar x)
 tar cf - -C "$work" runs | xz -T0 -6 | split -b 15M - "$out/runs.txz.part"
 tar czf "$out/meta.tgz" -C "$work" meta
