@@ -29,6 +29,9 @@ from dataclasses import asdict, dataclass, replace
 HOST_QUANTILE = 0.99  # the share of a card's hosts that a plan's margin covers (``CardSpread.bound``)
 FIELDS = ("host", "scheduler", "mix", "measured_rps", "simulated_rps", "date", "commit", "run", "retired")
 REQUIRED = FIELDS[:5]
+# what a row's overload run keeps, to be simulated again (``sim.validate.overload_run``)
+RUN_KEYS = ("scheduler", "token_budget", "mix", "prompt", "output", "num_requests", "seed", "temperature", "rate",
+            "kv_total_blocks", "max_model_len")
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,11 @@ class MeasuredHost:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
                                                                                        and value > 0):
                 raise ValueError(f"host {self.host!r}: {name} must be a positive number of requests/s, got {value!r}")
-        if self.run is not None and not isinstance(self.run, Mapping):
-            raise ValueError(f"host {self.host!r}: run must be an object (the overload run), got {self.run!r}")
+        if self.run is not None:
+            missing = [key for key in RUN_KEYS if not isinstance(self.run, Mapping) or key not in self.run]
+            if missing:
+                raise ValueError(f"host {self.host!r}: run must be an object with {', '.join(RUN_KEYS)} (the "
+                                 f"overload run), lacking {', '.join(missing)}")
         if not isinstance(self.retired, str):
             raise ValueError(f"host {self.host!r}: retired must be a text (why), got {self.retired!r}")
 

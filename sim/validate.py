@@ -1183,13 +1183,10 @@ def measured_hosts(directory: Path, cost: CostModel, host: str | None = None) ->
     return rows
 
 
-OVERLOAD_RUN_KEYS = ("scheduler", "token_budget", "mix", "prompt", "output", "num_requests", "seed", "temperature",
-                     "rate", "kv_total_blocks", "max_model_len")
-
-
 def overload_run(cell: Cell, rate: float, info: dict) -> dict:
-    """What simulating an overload run again takes, as a measured host's ``run`` keeps it: its requests (the cell's
-    mix and seed), the rate they were sent at, and the KV cache and context limit the server had."""
+    """What simulating an overload run again takes, as a measured host's ``run`` keeps it (``calibration.host_spread.
+    RUN_KEYS``): its requests (the cell's mix and seed), the rate they were sent at, and the KV cache and context
+    limit the server had."""
     return {"scheduler": cell.scheduler, "token_budget": cell.token_budget, "mix": cell.mix, "prompt": cell.prompt,
             "output": cell.output, "num_requests": cell.num_requests, "seed": cell.seed,
             "temperature": cell.temperature, "rate": float(rate), "kv_total_blocks": int(info["kv_total_blocks"]),
@@ -1197,9 +1194,6 @@ def overload_run(cell: Cell, rate: float, info: dict) -> dict:
 
 
 def _overload_cell(run: Mapping) -> Cell:
-    missing = [key for key in OVERLOAD_RUN_KEYS if key not in run]
-    if missing:
-        raise ValueError(f"a measured host's run lacks {', '.join(missing)}")
     return Cell(run["scheduler"], run["token_budget"], run["mix"], run["prompt"], run["output"], run["num_requests"],
                 seed=run["seed"], temperature=run["temperature"])
 

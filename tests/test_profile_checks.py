@@ -232,7 +232,9 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
     good = {"host": "a", "scheduler": "splitfuse-768", "mix": "long", "measured_rps": 8, "simulated_rps": 8}
     for row, message in (({**good, "measured_rps": 0}, "measured_rps must be a positive"),
                          ({"host": "a", "measured_rps": 8}, r"runs\[0\] must be an object with host, scheduler"),
-                         ({**good, "clock": 1}, "unknown fields")):
+                         ({**good, "clock": 1}, "unknown fields"),
+                         ({**good, "run": {"rate": 9.0}}, "run must be an object with scheduler.*lacking scheduler"),
+                         ({**good, "run": [1]}, "run must be an object")):
         with pytest.raises(ValueError, match=message):
             load_profile(damaged(tmp_path, lambda d, row=row: d.update(hosts={"runs": [row]})))
     with pytest.raises(ValueError, match="at least one measured run"):
@@ -282,7 +284,9 @@ def test_retired_hosts_stay_on_record_and_set_no_margin(tmp_path):
     from calibration.cli import profile as profile_cmd
     from calibration.host_spread import HostSpread, MeasuredHost
 
-    run = {"scheduler": "splitfuse", "token_budget": 768, "rate": 90.0}
+    run = {"scheduler": "splitfuse", "token_budget": 768, "mix": "short", "prompt": "normal:512:0.3",
+           "output": "normal:256:0.3", "num_requests": 700, "seed": 1, "temperature": 1.0, "rate": 90.0,
+           "kv_total_blocks": 14000, "max_model_len": 4096}
     runs = (MeasuredHost("old", "splitfuse-768", "short", 20.0, 22.0, commit="aaa"),
             MeasuredHost("new", "splitfuse-768", "short", 20.0, 20.4, commit="bbb", run=run),
             MeasuredHost("new", "splitfuse-768", "long", 8.0, 8.08, commit="bbb"))
