@@ -51,40 +51,58 @@ def make_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int 
 async def send(client, url: str, model: str, prompt, record: Record, t0: float, extra_body: dict | None = None
                ) -> None:
     """Stream one completion and record its times. ``extra_body``: more fields of the request (e.g. its
-    ``temperature``; the server's defaults otherwise)."""
+    ``temperature``; the server's defaults otherwise). A request whose connection fails before any answer
+    (``_stale``) is sent once more, on another connection; its times keep the first attempt's start."""
     body = {"model": model, "prompt": prompt, "max_tokens": record.max_tokens, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra_body or {})}
     record.arrival = time.perf_counter() - t0
-    usage_tokens = None
-    try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                now = time.perf_counter() - t0
-                event = json.loads(line[6:])
-                if record.response_id is None:
-                    record.response_id = event.get("id")
-                if "error" in event:
-                    record.error = event["error"].get("message", str(event))
+    usage_tokens, answered = None, False
+    for last_try in (False, True):
+        try:
+            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                answered = True
+                if r.status_code != 200:
+                    record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
                     return
-                if event.get("usage"):
-                    usage_tokens = event["usage"]["completion_tokens"]
-                for choice in event.get("choices", []):
-                    n = len(choice["token_ids"]) if "token_ids" in choice else int(bool(choice.get("text")))
-                    if n:
-                        record.chunk_times.append(now)
-                        record.output_tokens += n
-    except Exception as e:  # a transport failure is a failed request, reported, not a crash of the benchmark
-        record.error = repr(e)
-        return
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    now = time.perf_counter() - t0
+                    event = json.loads(line[6:])
+                    if record.response_id is None:
+                        record.response_id = event.get("id")
+                    if "error" in event:
+                        record.error = event["error"].get("message", str(event))
+                        return
+                    if event.get("usage"):
+                        usage_tokens = event["usage"]["completion_tokens"]
+                    for choice in event.get("choices", []):
+                        n = len(choice["token_ids"]) if "token_ids" in choice else int(bool(choice.get("text")))
+                        if n:
+                            record.chunk_times.append(now)
+                            record.output_tokens += n
+            break
+        except Exception as e:  # a transport failure is a failed request, reported, not a crash of the benchmark
+            if not (last_try or answered) and _stale(e):
+                continue
+            record.error = repr(e)
+            return
     if usage_tokens is not None:
         record.output_tokens = usage_tokens
     if not record.chunk_times:
         record.error = "no tokens received"
+
+
+def _stale(error: Exception) -> bool:
+    """Whether ``error``, raised before the server answered, is a kept-alive connection closed as the request went
+    out: the server's keep-alive clock starts when it has written a response, the client's when it has read it,
+    so a client that lags a stream's end by more than the gap (``CLIENT_KEEPALIVE_EXPIRY_S``) can reuse a
+    connection the server is closing, and gets its close (RemoteProtocolError) or, where the request reached the
+    closed socket, a reset (ReadError). No token of the request has reached the client, so it is sent again, as
+    HTTP clients do with a request on a reused connection that got no answer."""
+    import httpx
+
+    return isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
 
 
 async def warm_up(client, url: str) -> None:

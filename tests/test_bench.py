@@ -115,6 +115,57 @@ def test_each_client_warms_up_before_its_first_request():
     assert [r.output_tokens for r in records] == [1, 1] and all(r.error is None for r in records)
 
 
+def test_a_request_on_a_connection_the_server_closes_is_sent_again():
+    """A kept-alive connection the server closes as a request goes out (its keep-alive clock ran out while the client
+    was still reading the last stream) gets no answer: the request is sent once more, on a fresh connection, and
+    its times keep its first start. A connection that drops after the answer began fails the request, as before."""
+    import asyncio
+
+    import httpx
+
+    from sim.bench import send
+
+    answer = (b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s')
+    event = b'data: {"id": "c", "choices": [{"text": "x"}]}\n\ndata: [DONE]\n\n'
+
+    async def serve(then_cut: bool):
+        connections = []
+
+        async def handle(reader, writer):
+            connections.append(writer)
+            served = 0
+            while await reader.readuntil(b"\r\n\r\n"):  # the request head (the body is small: in one read)
+                await reader.read(65536)
+                if served:  # a second request on this connection: the keep-alive clock ran out, close unanswered
+                    writer.close()
+                    return
+                if then_cut:  # the answer begins, then the connection drops
+                    writer.write(answer[:answer.index(b"%d")] + b"999\r\n\r\n" + event[:20])
+                    await writer.drain()
+                    writer.close()
+                    return
+                writer.write(answer % (len(event), event))
+                await writer.drain()
+                served += 1
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", connections
+
+    async def main(then_cut: bool):
+        server, url, connections = await serve(then_cut)
+        async with server, httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=60)) as client:
+            records = [Record(i, 4, 1) for i in range(2)]
+            for record in records:
+                await send(client, url, "m", [1, 2, 3, 4], record, 0.0)
+        return records, len(connections)
+
+    (first, second), opened = asyncio.run(main(then_cut=False))
+    assert first.error is None and second.error is None and second.output_tokens == 1 and opened == 2
+    assert second.chunk_times[0] > second.arrival
+    (cut, _), _ = asyncio.run(main(then_cut=True))
+    assert cut.error is not None and "RemoteProtocolError" in cut.error
+
+
 def slow_even_rows_app(bodies: list | None = None):
     """A server whose completions of even rows (a prompt's first token id is its row) take 0.4 s, of odd ones 0.01 s:
     client process 0 of 2 gets the slow rows (rows p, p + 2, ...). ``bodies``: where to keep each request's body."""

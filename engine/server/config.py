@@ -11,7 +11,8 @@ from engine.policy.config import option_metadata
 
 # How long this project's HTTP clients (the router's to its replicas, `splitfuse bench`'s) keep an idle connection:
 # well under a server's keep-alive timeout (``ServerConfig.timeout_keep_alive``, 5 s as in uvicorn and vLLM). At
-# equal timeouts a client may reuse a connection the server is closing and get a ReadError.
+# equal timeouts a client may reuse a connection the server is closing and get a ReadError; one that lags a stream's
+# end by more than the gap still may, and sends that request again (``sim.bench.send``, the router's retry).
 CLIENT_KEEPALIVE_EXPIRY_S = 2.0
 
 API_KEY_ENV = "VLLM_API_KEY"  # read when --api-key is not given, as vLLM does
