@@ -159,14 +159,20 @@ class CardSpread:
     @classmethod
     def pooled(cls, spreads) -> CardSpread | None:
         """The spread of the hosts of ``spreads`` (HostSpreads of one card); None with fewer than 2 degrees of
-        freedom (runs beyond one a mix)."""
-        squares, dof = 0.0, 0
+        freedom. These count each GPU (host label) once, less one a profile: one GPU's runs of several mixes and
+        models sit on the same side of their means (calibration/VALIDATION.md, fifty-second round), so they are
+        not independent draws of a card."""
+        squares, runs, means, profiles, gpus = 0.0, 0, 0, 0, set()
         for spread in spreads:
-            for logs in spread.by_mix().values():
+            by_mix = spread.by_mix()
+            for logs in by_mix.values():
                 mean = sum(logs) / len(logs)
                 squares += sum((x - mean) ** 2 for x in logs)
-                dof += len(logs) - 1
-        return cls(math.sqrt(squares / dof), dof) if dof >= 2 else None
+                runs, means = runs + len(logs), means + 1
+            profiles += bool(by_mix)
+            gpus |= {run.host for run in spread.active}
+        dof = len(gpus) - profiles
+        return cls(math.sqrt(squares / (runs - means)), dof) if dof >= 2 and runs > means else None
 
     def bound(self, logs: list[float], quantile: float = HOST_QUANTILE) -> float:
         """The factor a new host stays under with probability ``quantile``, from runs' log factors ``logs``: their

@@ -243,20 +243,21 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
 
 
 def test_a_cards_spread_pooled_over_its_profiles_bounds_a_new_host():
-    """The spread is the runs' scatter about their own profile's mean for the mix, pooled (retired runs left out);
-    the margin is the larger of the slowest run and Student's t prediction bound for a new host; a profile plans
-    with its card's spread pooled over the shipped profiles of other models."""
+    """The spread is the runs' scatter about their own profile's mean for the mix, pooled (retired runs left out),
+    its degrees of freedom counting each GPU once less one a profile; the margin is the larger of the slowest run
+    and Student's t prediction bound for a new host; a profile plans with its card's spread pooled over the shipped
+    profiles of other models."""
     import math
 
     from scipy.stats import t
 
     from calibration.host_spread import CardSpread, HostSpread, MeasuredHost
 
-    def spread(factors, mix="short"):
-        return HostSpread(tuple(MeasuredHost(f"h{i}", "splitfuse-768", mix, 10.0, 10.0 * f)
+    def spread(factors, mix="short", first=0):
+        return HostSpread(tuple(MeasuredHost(f"h{first + i}", "splitfuse-768", mix, 10.0, 10.0 * f)
                                 for i, f in enumerate(factors)))
 
-    a, b = spread([0.98, 0.99, 1.00]), spread([1.02, 1.04], "long")
+    a, b = spread([0.98, 0.99, 1.00]), spread([1.02, 1.04], "long", first=3)
     card = CardSpread.pooled([a, b])
     logs_a, logs_b = [math.log(f) for f in (0.98, 0.99, 1.00)], [math.log(f) for f in (1.02, 1.04)]
     squares = sum((x - sum(v) / len(v)) ** 2 for v in (logs_a, logs_b) for x in v)
@@ -265,7 +266,13 @@ def test_a_cards_spread_pooled_over_its_profiles_bounds_a_new_host():
     assert a.margin("short", card) == pytest.approx(bound - 1) and bound > 1.0  # above the slowest run (1.00)
     assert a.margin("short") == 0 and a.margin("short", card, quantile=0.5) == pytest.approx(0.0)
     assert CardSpread.pooled([a.retire(set(), "x")]) == CardSpread.pooled([a])
-    assert CardSpread.pooled([spread([1.0]), spread([1.1], "long")]) is None  # one run a mix: no scatter to pool
+    assert CardSpread.pooled([spread([1.0]), spread([1.1], "long", first=1)]) is None  # one run a mix: no scatter
+    # a GPU counts once: b's two GPUs again in a (one more profile) leave 3 GPUs less 2 profiles, 1 dof
+    assert CardSpread.pooled([a, spread([1.02, 1.04], "long")]) is None
+    both = HostSpread(a.runs + spread([1.02, 1.04, 1.01], "long").runs)  # three GPUs, each in two mixes
+    logs_long = [math.log(f) for f in (1.02, 1.04, 1.01)]
+    squares_both = sum((x - sum(v) / len(v)) ** 2 for v in (logs_a, logs_long) for x in v)
+    assert CardSpread.pooled([both]) == CardSpread(pytest.approx(math.sqrt(squares_both / 4)), 2)
     with pytest.raises(ValueError, match="host quantile"):
         card.bound(logs_a, 1.0)
     profile = load_profile("llama-3-8b-h200-bf16")
@@ -322,3 +329,27 @@ def test_retired_hosts_stay_on_record_and_set_no_margin(tmp_path):
     assert result.exit_code == 1 and "no measured hosts" in result.output
     result = CliRunner().invoke(profile_cmd, ["--check", "llama-2-7b", "--engine", "aaa"])
     assert result.exit_code == 2 and "go with --retire-hosts" in result.output
+
+
+def test_host_offsets_show_a_gpus_runs_on_one_side_of_their_means():
+    """Each run's offset is its log factor less its profile's mean for the mix (so they sum to 0 there); a GPU's
+    mixes agree where its offsets move together; the report names each card's pooled degrees of freedom."""
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from calibration.host_offsets import main, mixes_agreement, models_agreement, offset_frame
+
+    profiles = [load_profile(n) for n in ("llama-3-8b-h200-bf16", "llama-2-13b-h200-bf16")]
+    offsets = offset_frame(profiles)
+    assert len(offsets) == sum(len(p.hosts.active) for p in profiles)
+    assert offsets.groupby(["profile", "mix"])["offset"].sum().abs().max() < 1e-12
+    gpu = {"host-124-gpu0", "host-118-gpu1"}  # measured on both models
+    assert set(models_agreement(offsets).index) == gpu
+    frame = pd.DataFrame({"profile": "m", "host": [f"g{i}" for i in range(4)] * 2, "mix": ["long"] * 4 + ["short"] * 4,
+                          "offset": [-2, -1, 1, 2, -4, -2, 2, 4]})
+    assert mixes_agreement(frame) == (pytest.approx(1.0), 4)
+    assert mixes_agreement(frame.assign(offset=[-2, -1, 1, 2, 4, 2, -2, -4]))[0] == pytest.approx(-1.0)
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 0, result.output
+    h200 = load_profile("llama-3-8b-h200-bf16").card_spread()
+    assert f"{h200.sd:.2%}, {h200.dof} degrees of freedom" in result.output
