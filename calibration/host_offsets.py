@@ -16,7 +16,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from calibration.host_spread import CardSpread
+from calibration.host_spread import CardSpread, HostSpread
 from calibration.profile import load_profile, shipped_profiles
 
 
@@ -47,6 +47,24 @@ def models_agreement(offsets: pd.DataFrame) -> pd.DataFrame:
     return per_model[per_model.notna().sum(axis=1) > 1]
 
 
+def held_out(profiles) -> pd.DataFrame:
+    """Each GPU left out in turn: one row per active run of it, with the margin (``HostSpread.margin``) the other
+    GPUs' runs set for its profile and mix, with their card's spread pooled without it. ``profiles``: one card's
+    measured profiles with hosts. A run whose profile has no other run of its mix is not judged."""
+    rows = []
+    for gpu in sorted({run.host for p in profiles for run in p.hosts.active}):
+        rest = [(p, tuple(run for run in p.hosts.active if run.host != gpu)) for p in profiles]
+        spreads = {p.meta.get("model"): HostSpread(runs) for p, runs in rest if runs}
+        card = CardSpread.pooled(list(spreads.values()))
+        for p, _ in rest:
+            others = spreads.get(p.meta.get("model"))
+            for run in (run for run in p.hosts.active if run.host == gpu):
+                if others is not None and run.mix in others.by_mix():
+                    rows.append({"host": gpu, "profile": p.meta.get("model"), "mix": run.mix,
+                                 "excess": run.factor - 1, "margin": others.margin(run.mix, card)})
+    return pd.DataFrame(rows, columns=["host", "profile", "mix", "excess", "margin"])
+
+
 def _markdown(table: pd.DataFrame) -> str:
     """``table`` in points to two decimals, its missing cells blank."""
     return table.astype(object).where(table.notna(), None).to_markdown(floatfmt="+.2f", missingval="")
@@ -54,7 +72,8 @@ def _markdown(table: pd.DataFrame) -> str:
 
 @click.command()
 def main() -> None:
-    """Print each card's offsets by GPU, how a GPU's mixes and models agree, and its pooled spread."""
+    """Print each card's offsets by GPU, how a GPU's mixes and models agree, how its runs fare against the
+    margin the other GPUs set, and its pooled spread."""
     profiles = [p for p in map(load_profile, shipped_profiles())
                 if p.meta.get("kind") == "measured" and p.hosts is not None]
     offsets = offset_frame(profiles)
@@ -70,7 +89,15 @@ def main() -> None:
         if len(models):
             click.echo("GPUs measured on several models (mean offset, points):\n")
             click.echo(_markdown(models))
-        spread = CardSpread.pooled([p.hosts for p in profiles if p.meta.get("card") == card])
+        mine = [p for p in profiles if p.meta.get("card") == card]
+        judged = held_out(mine)
+        if len(judged):
+            slack = judged["margin"] - judged["excess"]
+            low = slack.min()
+            edge = f"the closest {low:.2%} under it" if low >= 0 else f"the worst {-low:.2%} over it"
+            click.echo(f"each GPU left out: {(slack >= 0).sum()} of {len(judged)} of its runs within the margin the "
+                       f"other GPUs set ({edge})")
+        spread = CardSpread.pooled([p.hosts for p in mine])
         runs = len(part) - part.groupby(["profile", "mix"]).ngroups
         gpus, models = part["host"].nunique(), part["profile"].nunique()
         click.echo(f"\npooled spread: {'none' if spread is None else f'{spread.sd:.2%}, {spread.dof}'} degrees of "

@@ -333,11 +333,13 @@ def test_retired_hosts_stay_on_record_and_set_no_margin(tmp_path):
 
 def test_host_offsets_show_a_gpus_runs_on_one_side_of_their_means():
     """Each run's offset is its log factor less its profile's mean for the mix (so they sum to 0 there); a GPU's
-    mixes agree where its offsets move together; the report names each card's pooled degrees of freedom."""
+    mixes agree where its offsets move together; each GPU left out is judged against the margin the others set; the
+    report names each card's pooled degrees of freedom."""
     import pandas as pd
     from click.testing import CliRunner
 
-    from calibration.host_offsets import main, mixes_agreement, models_agreement, offset_frame
+    from calibration.host_offsets import held_out, main, mixes_agreement, models_agreement, offset_frame
+    from calibration.host_spread import CardSpread
 
     profiles = [load_profile(n) for n in ("llama-3-8b-h200-bf16", "llama-2-13b-h200-bf16")]
     offsets = offset_frame(profiles)
@@ -349,7 +351,23 @@ def test_host_offsets_show_a_gpus_runs_on_one_side_of_their_means():
                           "offset": [-2, -1, 1, 2, -4, -2, 2, 4]})
     assert mixes_agreement(frame) == (pytest.approx(1.0), 4)
     assert mixes_agreement(frame.assign(offset=[-2, -1, 1, 2, 4, 2, -2, -4]))[0] == pytest.approx(-1.0)
+    from types import SimpleNamespace
+
+    from calibration.host_spread import HostSpread, MeasuredHost
+
+    def profile(model, factors):  # {gpu: factor} of one mix
+        runs = tuple(MeasuredHost(g, "splitfuse-768", "long", 10.0, 10.0 * f) for g, f in factors.items())
+        return SimpleNamespace(meta={"model": model, "card": "c"}, hosts=HostSpread(runs))
+
+    card = [profile("a", {"g0": 1.00, "g1": 1.01, "g2": 0.99, "g3": 1.00}), profile("b", {"g0": 1.0, "g4": 1.3})]
+    judged = held_out(card).set_index(["host", "profile"])
+    without_g4 = HostSpread(card[1].hosts.runs[:1])
+    assert len(judged) == 6 and judged.loc[("g4", "b"), "margin"] == pytest.approx(
+        without_g4.margin("long", CardSpread.pooled([card[0].hosts, without_g4])))
+    assert judged.loc[("g4", "b"), "excess"] == pytest.approx(0.3)
+    assert judged.loc[("g4", "b"), "margin"] < 0.3  # a GPU far slower than the others is outside their margin
     result = CliRunner().invoke(main, [])
     assert result.exit_code == 0, result.output
+    assert "runs within the margin the other GPUs set" in result.output
     h200 = load_profile("llama-3-8b-h200-bf16").card_spread()
     assert f"{h200.sd:.2%}, {h200.dof} degrees of freedom" in result.output
