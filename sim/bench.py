@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S
+from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S, stale_connection
 from sim.request_log import RequestLog
 
 
@@ -51,8 +51,8 @@ def make_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int 
 async def send(client, url: str, model: str, prompt, record: Record, t0: float, extra_body: dict | None = None
                ) -> None:
     """Stream one completion and record its times. ``extra_body``: more fields of the request (e.g. its
-    ``temperature``; the server's defaults otherwise). A request whose connection fails before any answer
-    (``_stale``) is sent once more, on another connection; its times keep the first attempt's start."""
+    ``temperature``; the server's defaults otherwise). A request whose kept-alive connection closes before any
+    answer (``stale_connection``) is sent once more, on another connection; its times keep the first start."""
     body = {"model": model, "prompt": prompt, "max_tokens": record.max_tokens, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra_body or {})}
     record.arrival = time.perf_counter() - t0
@@ -83,7 +83,7 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float, 
                             record.output_tokens += n
             break
         except Exception as e:  # a transport failure is a failed request, reported, not a crash of the benchmark
-            if not (last_try or answered) and _stale(e):
+            if not (last_try or answered) and stale_connection(e):
                 continue
             record.error = repr(e)
             return
@@ -91,18 +91,6 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float, 
         record.output_tokens = usage_tokens
     if not record.chunk_times:
         record.error = "no tokens received"
-
-
-def _stale(error: Exception) -> bool:
-    """Whether ``error``, raised before the server answered, is a kept-alive connection closed as the request went
-    out: the server's keep-alive clock starts when it has written a response, the client's when it has read it,
-    so a client that lags a stream's end by more than the gap (``CLIENT_KEEPALIVE_EXPIRY_S``) can reuse a
-    connection the server is closing, and gets its close (RemoteProtocolError) or, where the request reached the
-    closed socket, a reset (ReadError). No token of the request has reached the client, so it is sent again, as
-    HTTP clients do with a request on a reused connection that got no answer."""
-    import httpx
-
-    return isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
 
 
 async def warm_up(client, url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import httpx
 import pytest
@@ -79,10 +80,11 @@ def test_a_replica_leaves_rotation_after_failed_checks_in_a_row_and_comes_back_o
 
 
 def test_a_dropped_connection_is_tried_again_once_and_a_refused_one_takes_the_replica_out():
-    """On a loaded machine a replica whose process is up may drop a request's connection: with no other replica left
-    the request is sent to it again on a fresh connection and served, and the replica stays in rotation; a second
-    drop within ``DROPPED_S`` takes it out and the request is answered 503, naming the replica. A refused
-    connection takes it out at once."""
+    """A kept-alive connection that closes unanswered (the server's keep-alive ran out as the request went out) is
+    sent to the same replica again on another connection, which says nothing of the replica. On a loaded machine a
+    replica whose process is up may drop a fresh connection too: with no other replica left the request is sent to it
+    again and served, and the replica stays in rotation; a second drop within ``DROPPED_S`` takes it out and the
+    request is answered 503, naming the replica. A refused connection takes it out at once."""
     from starlette.requests import Request
 
     body = b'{"prompt": [1, 2], "max_tokens": 2}'
@@ -105,17 +107,21 @@ def test_a_dropped_connection_is_tried_again_once_and_a_refused_one_takes_the_re
         router = Router([Replica(0, "http://r0", healthy=True)])
         router.client = httpx.AsyncClient(transport=httpx.MockTransport(replica_answer))
         replica, = router.replicas
-        failures.append(httpx.ReadError)
+        failures.append(httpx.RemoteProtocolError)  # a kept-alive connection closed unanswered
         served = await router.proxy(request(), "/v1/completions")
         assert served.status_code == 200 and replica.healthy and router.retries == 1
-        failures.append(httpx.ReadError)  # within DROPPED_S of the first
+        assert replica.dropped_at == -math.inf  # not a drop
+        failures += [httpx.ReadError, httpx.ReadError]  # and the connection it was sent again on dropped too
+        served = await router.proxy(request(), "/v1/completions")
+        assert served.status_code == 200 and replica.healthy and router.retries == 3 and replica.dropped_at > 0
+        failures += [httpx.ReadError, httpx.ReadError]  # within DROPPED_S of that drop
         refused = await router.proxy(request(), "/v1/completions")
         assert refused.status_code == 503 and b"replica 0 unreachable" in refused.body and not replica.healthy
-        assert not failures and router.retries == 2
+        assert not failures and router.retries == 5
         replica.healthy, replica.dropped_at = True, replica.dropped_at - DROPPED_S  # a check passed, a while later
         failures.append(httpx.ConnectError)
         assert (await router.proxy(request(), "/v1/completions")).status_code == 503 and not replica.healthy
-        assert not failures and router.retries == 3
+        assert not failures and router.retries == 6
         await router.client.aclose()
 
     asyncio.run(scenario())

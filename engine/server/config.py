@@ -12,10 +12,23 @@ from engine.policy.config import option_metadata
 # How long this project's HTTP clients (the router's to its replicas, `splitfuse bench`'s) keep an idle connection:
 # well under a server's keep-alive timeout (``ServerConfig.timeout_keep_alive``, 5 s as in uvicorn and vLLM). At
 # equal timeouts a client may reuse a connection the server is closing and get a ReadError; one that lags a stream's
-# end by more than the gap still may, and sends that request again (``sim.bench.send``, the router's retry).
+# end by more than the gap still may (``stale_connection``).
 CLIENT_KEEPALIVE_EXPIRY_S = 2.0
 
 API_KEY_ENV = "VLLM_API_KEY"  # read when --api-key is not given, as vLLM does
+
+
+def stale_connection(error: BaseException) -> bool:
+    """Whether ``error``, raised before a server answered a request, is a kept-alive connection closed as the
+    request went out. A server's keep-alive clock starts when it has written a response, a client's when it has read
+    it, so a client that lags a stream's end by more than the gap reuses a connection the server is closing: it gets
+    the close (RemoteProtocolError) or, where the request reached the closed socket, a reset (ReadError). A server
+    that closed the connection read none of the request, so a client sends it once more on another connection
+    (``sim.bench.send``, ``Router.open``), as HTTP clients do with a request on a reused connection that got no
+    answer."""
+    import httpx
+
+    return isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
 
 
 @dataclass(frozen=True)

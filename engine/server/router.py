@@ -5,10 +5,11 @@ checks each replica's ``/health`` and process, and takes a failing one out of ro
 failed in a row, or at once a connection it refused, its process exiting, or a second dropped connection within
 ``DROPPED_S``). A replica process that exited (its engine died: ``splitfuse serve`` then exits 1) is restarted after
 a backoff (1, 2, 4 ... 30 s, at most ``--max-replica-restarts`` times) and comes back once its health check passes.
-A request that fails before the client received any token (connection refused or reset, or a 429/503 answer) is
-retried on another replica, or where none is left once more on one that only dropped its connection; a stream that
-breaks after tokens were sent ends with an SSE error event and ``[DONE]``, never silently. On SIGTERM
-the router stops taking requests and sends SIGTERM to its replicas, which drain as a single server does.
+A request whose kept-alive connection closed unanswered is sent to its replica once more on another connection
+(``Router.open``). One that fails before the client received any token (connection refused or reset, or a 429/503
+answer) is retried on another replica, or where none is left once more on one that only dropped its connection; a
+stream that breaks after tokens were sent ends with an SSE error event and ``[DONE]``, never silently. On SIGTERM the
+router stops taking requests and sends SIGTERM to its replicas, which drain as a single server does.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from engine.config import EngineConfig
 from engine.policy import PolicyConfig, ReplicaLoad, estimate_kv_usage, make_balancer
 from engine.policy.options import config_flags
-from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S, ServerConfig
+from engine.server.config import CLIENT_KEEPALIVE_EXPIRY_S, ServerConfig, stale_connection
 from engine.server.guards import error_response, fastapi_options, install_guards
 from engine.server.heap import freeze_startup_heap, unfreeze_heap
 from engine.server.metrics import CONTENT_TYPE, ReplicaMetrics
@@ -233,8 +234,7 @@ class Router:
             sent = Sent(replica, prompt_tokens, output_tokens)
 
             try:
-                resp = await self.client.send(
-                    self.client.build_request("POST", replica.url + path, content=raw, headers=headers), stream=True)
+                resp = await self.open(replica.url + path, raw, headers)
             except httpx.TransportError as e:
                 sent.release()
                 now = time.monotonic()
@@ -275,6 +275,18 @@ class Router:
                        type="server_error")
         return JSONResponse(err.body(), status_code=503)
 
+    async def open(self, url: str, raw: bytes, headers: dict) -> httpx.Response:
+        """POST ``raw`` to ``url``, its answer streamed; sent once more where a kept-alive connection closed before
+        answering (``stale_connection``: says nothing of the replica, which keeps the request)."""
+        for last_try in (False, True):
+            try:
+                return await self.client.send(self.client.build_request("POST", url, content=raw, headers=headers),
+                                              stream=True)
+            except httpx.TransportError as e:
+                if last_try or not stale_connection(e):
+                    raise
+                self.retries += 1
+
     async def _relay(self, replica: Replica, resp: httpx.Response, first: bytes, chunks, release):
         try:
             yield first
@@ -303,7 +315,8 @@ class Router:
             for r in self.replicas:
                 g.add_metric([str(r.index)], get(r))
             yield g
-        yield CounterMetricFamily("splitfuse_router_retries", "Requests retried on another replica.",
+        yield CounterMetricFamily("splitfuse_router_retries", "Requests sent again (on another replica, or on a "
+                                  "fresh connection where a kept-alive one closed unanswered).",
                                   value=self.retries)
         yield CounterMetricFamily("splitfuse_router_broken_streams", "Streams cut by a replica failure mid-stream.",
                                   value=self.broken_streams)
