@@ -15,7 +15,7 @@ UNITS = r"(req/s|tokens/s|tokens per pass| s\b|ms\b|%)"
 
 def test_the_notebooks_of_the_analysis_are_there():
     assert [p.name for p in NOTEBOOKS] == ["01_cost_curves.ipynb", "02_schedulers.ipynb", "03_load_balancing.ipynb",
-                                           "04_sim_vs_engine.ipynb", "05_scaling.ipynb"]
+                                           "04_sim_vs_engine.ipynb", "05_scaling.ipynb", "06_host_margins.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
