@@ -76,7 +76,7 @@ def hosts_line(profile) -> str:
         if retired else ""
     card = profile.card_spread()
     bound = (f" or a new host's {HOST_QUANTILE:.0%} bound, with the card's spread ({card.sd:.2%} in log factor, "
-             f"{card.dof} degrees of freedom)" if card is not None else "")
+             f"{card.dof} degrees of freedom, each GPU counted once)" if card is not None else "")
     return (f"hosts: {spread}{kept}; `splitfuse plan` plans for passes as slow as the slowest run of the workload's "
             f"mix{bound}: {hosts.describe_margins(card)}")
 
