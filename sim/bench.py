@@ -56,41 +56,50 @@ async def send(client, url: str, model: str, prompt, record: Record, t0: float, 
     body = {"model": model, "prompt": prompt, "max_tokens": record.max_tokens, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra_body or {})}
     record.arrival = time.perf_counter() - t0
-    usage_tokens, answered = None, False
     for last_try in (False, True):
+        answered = False
         try:
             async with client.stream("POST", url + "/v1/completions", json=body) as r:
                 answered = True
-                if r.status_code != 200:
-                    record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-                    return
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    now = time.perf_counter() - t0
-                    event = json.loads(line[6:])
-                    if record.response_id is None:
-                        record.response_id = event.get("id")
-                    if "error" in event:
-                        record.error = event["error"].get("message", str(event))
-                        return
-                    if event.get("usage"):
-                        usage_tokens = event["usage"]["completion_tokens"]
-                    for choice in event.get("choices", []):
-                        n = len(choice["token_ids"]) if "token_ids" in choice else int(bool(choice.get("text")))
-                        if n:
-                            record.chunk_times.append(now)
-                            record.output_tokens += n
+                usage_tokens = await _read_stream(r, record, t0)
             break
         except Exception as e:  # a transport failure is a failed request, reported, not a crash of the benchmark
-            if not (last_try or answered) and stale_connection(e):
-                continue
-            record.error = repr(e)
-            return
+            if last_try or answered or not stale_connection(e):
+                record.error = repr(e)
+                return
+    if record.error is not None:
+        return
     if usage_tokens is not None:
         record.output_tokens = usage_tokens
     if not record.chunk_times:
         record.error = "no tokens received"
+
+
+async def _read_stream(r, record: Record, t0: float) -> int | None:
+    """Record the token times of a streamed answer ``r``; the completion tokens its usage names (None without one).
+    An HTTP error or an error event sets ``record.error``."""
+    if r.status_code != 200:
+        record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+        return None
+    usage_tokens = None
+    async for line in r.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        now = time.perf_counter() - t0
+        event = json.loads(line[6:])
+        if record.response_id is None:
+            record.response_id = event.get("id")
+        if "error" in event:
+            record.error = event["error"].get("message", str(event))
+            return None
+        if event.get("usage"):
+            usage_tokens = event["usage"]["completion_tokens"]
+        for choice in event.get("choices", []):
+            n = len(choice["token_ids"]) if "token_ids" in choice else int(bool(choice.get("text")))
+            if n:
+                record.chunk_times.append(now)
+                record.output_tokens += n
+    return usage_tokens
 
 
 async def warm_up(client, url: str) -> None:
