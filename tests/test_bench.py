@@ -125,7 +125,7 @@ def test_a_request_on_a_connection_the_server_closes_is_sent_again():
 
     from sim.bench import send
 
-    answer = (b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s')
+    answer = b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s'
     event = b'data: {"id": "c", "choices": [{"text": "x"}]}\n\ndata: [DONE]\n\n'
 
     async def serve(then_cut: bool):
