@@ -897,20 +897,20 @@ def with_served_noise(profile, measured: tuple[Path, ...], hosts: dict[Path, str
     return profile.with_serving(serving).with_hosts(profile.hosts)
 
 
-def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dict]:
+def greedy_ratios(directory: Path, profile, host: str | None = None, cells: bool = False) -> list[dict]:
     """What ``calibration.serving.fit_greedy`` fits, from ``directory``'s greedy warm-up and overload runs (sent at
-    temperature 0): each decode-graph step's price (the sampled price with the sampler's saving since the sweep
-    given back, as ``Profile.greedy_seconds`` starts from) less its served time (step and loop) and its sampled entries,
-    enqueued ahead (``kind`` "ahead") or not ("step"); and each pass that follows a decode pass ahead the engine
-    discarded ("discarded"): its served time beyond its price, over the price of the decode step before it, which
-    the discarded pass repeated. The trace names the passes that discarded one (``PassRecord.discarded``); in
-    traces from before it did, a pass with prompt tokens after a greedy decode-graph step in which no request
-    reached its last token, not run ahead, is taken for one: the engine enqueues ahead after such a step when no
-    request waits (``Scheduler.next_decode_plan``), so a request arrived meanwhile (one that waited already would
-    have been admitted into the decode step, but where the batch or the KV cache was full, which a decode step
-    alone does not show). Only under a scheduler that puts decodes first: one that does not enqueues nothing ahead
-    of a step in which a request starts a KV block, which a trace does not show either."""
-    meta, runs, traces = load_measured(directory, "calibration")
+    temperature 0), or with ``cells`` from its greedy cells: each decode-graph step's price (the sampled price with
+    the sampler's saving since the sweep given back, as ``Profile.greedy_seconds`` starts from) less its served time
+    (step and loop) and its sampled entries, enqueued ahead (``kind`` "ahead") or not ("step"); and each pass that
+    follows a decode pass ahead the engine discarded ("discarded"): its served time beyond its price, over the price
+    of the decode step before it, which the discarded pass repeated. The trace names the passes that discarded one
+    (``PassRecord.discarded``); in traces from before it did, a pass with prompt tokens after a greedy decode-graph
+    step in which no request reached its last token, not run ahead, is taken for one: the engine enqueues ahead
+    after such a step when no request waits (``Scheduler.next_decode_plan``), so a request arrived meanwhile (one
+    that waited already would have been admitted into the decode step, but where the batch or the KV cache was full,
+    which a decode step alone does not show). Only under a scheduler that puts decodes first: one that does not
+    enqueues nothing ahead of a step in which a request starts a KV block, which a trace does not show either."""
+    meta, runs, traces = load_measured(directory, "cell" if cells else "calibration")
     host = run_host(meta, directory, host)
     card = profile.new_heat()
     windows: dict[str, list[tuple[float, float]]] = {}
@@ -950,15 +950,18 @@ def greedy_ratios(directory: Path, profile, host: str | None = None) -> list[dic
     return rows
 
 
-def with_greedy(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
+def with_greedy(profile, measured: tuple[Path, ...], hosts: dict[Path, str], cells: bool = False):
     """``profile`` with its serving section's greedy decode steps measured on the greedy warm-up and overload runs
-    of ``measured`` (``greedy_ratios``; ``hosts``: their labels), each host weighing as one."""
+    of ``measured`` (``greedy_ratios``; ``hosts``: their labels), or with ``cells`` on their greedy cells alone,
+    each host weighing as one. The cells are what a section judged on other runs should see: an overload run's
+    steps ahead run at its large batches, a cell's below saturation at a few to a hundred entries."""
     from calibration.serving import fit_greedy
 
     if profile.serving is None:
         raise ValueError("the profile has no serving section to price the served steps with (--fit-serving first)")
-    rows = [row for directory in measured for row in greedy_ratios(directory, profile, hosts.get(directory))]
+    rows = [row for directory in measured for row in greedy_ratios(directory, profile, hosts.get(directory), cells)]
     greedy, fit = fit_greedy(rows)
+    fit = {**fit, "source": "cells" if cells else "warm-up and overload runs"}
     return profile.with_serving(profile.serving.with_greedy(greedy, fit)).with_hosts(profile.hosts)
 
 
@@ -1555,6 +1558,9 @@ def _command():
                        "hides, a line in its sampled entries; what one discarded adds: a share of its price), "
                        "measured on the runs' warm-up and overload runs sent at --temperature 0, each host weighing "
                        "as one; compare with that.")
+    @click.option("--greedy-cells", is_flag=True,
+                  help="With --fit-greedy, fit on the runs' greedy cells alone instead (judge the result on other "
+                       "runs): an overload run's steps ahead run at larger batches than a cell's below saturation.")
     @click.option("--exclude-first-requests", is_flag=True,
                   help="Leave each client's first request (each client process's, in open loop) out of both sides: "
                        "for runs sent before the client warmed up, whose first requests carried its start-up.")
@@ -1576,8 +1582,8 @@ def _command():
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, server_cpus,
                  client_cpus, time_budget, out,
                  measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
-                 level_growth, level_per_sample, fit_step_knee, step_knee, fit_greedy, fit_loop, loop_cells,
-                 fit_buckets, record_hosts,
+                 level_growth, level_per_sample, fit_step_knee, step_knee, fit_greedy, greedy_cells, fit_loop,
+                 loop_cells, fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1621,6 +1627,8 @@ def _command():
                 raise click.UsageError(f"{flag} is for --fit-levels; give --fit-levels FILE")
         if loop_cells and not fit_loop:
             raise click.UsageError("--loop-cells is for --fit-loop; give --fit-loop FILE")
+        if greedy_cells and not fit_greedy:
+            raise click.UsageError("--greedy-cells is for --fit-greedy; give --fit-greedy FILE")
         if step_knee is not None and not fit_step_knee:
             raise click.UsageError("--step-knee is for --fit-step-knee; give --fit-step-knee FILE")
         if fit_serving and record_hosts:
@@ -1704,7 +1712,7 @@ def _command():
                             for h, f in cost.serving.fit["step_knee"]["hosts"][path].items()) + ")"
                 for path, saved in cost.serving.step_saved_past_knee.items()) + f"; wrote {fit_step_knee}")
         if fit_greedy:
-            cost = _fitted("--fit-greedy", fit_greedy, with_greedy, cost, measured, hosts)
+            cost = _fitted("--fit-greedy", fit_greedy, with_greedy, cost, measured, hosts, greedy_cells)
             greedy, fit = cost.serving.greedy, cost.serving.fit["greedy"]
             click.echo("greedy decode-graph steps, the price less: " + ", ".join(
                 f"{kind} {greedy[f'{kind}_saved_s'] * 1e3:.3f} ms + {greedy[f'{kind}_saved_per_sample_s'] * 1e6:.2f} "

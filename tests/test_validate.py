@@ -1080,7 +1080,8 @@ def test_fit_step_knee_needs_large_graph_steps_and_says_so(run, tmp_path):
 
 def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     """--fit-greedy fits on runs sent at temperature 0; this run's were sampled (and a CPU run's passes are eager),
-    so it stops with an error that names what is missing and how to send them, and writes nothing."""
+    so it stops with an error that names what is missing and how to send them, and writes nothing; --greedy-cells
+    without --fit-greedy is refused by name."""
     out, _ = run
     target = tmp_path / "greedy.json"
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
@@ -1088,6 +1089,9 @@ def test_fit_greedy_needs_greedy_runs_and_says_so(run, tmp_path):
     assert result.exit_code == 1 and "--fit-greedy: no host served 10 greedy decode-graph steps of the kind 'step'" \
         in result.output and "--temperature 0" in result.output
     assert not target.exists()
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "c"), "--greedy-cells"])
+    assert result.exit_code == 2 and "--greedy-cells is for --fit-greedy" in result.output
 
 
 def test_fit_buckets_needs_mixed_graph_passes_and_says_so(run, cpu_profile, tmp_path):
@@ -1179,7 +1183,7 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
                 "path": "mixed-graph" if prefill else "decode-graph", "ahead": ahead, "num_outputs": 1,
                 **dict.fromkeys(PassFeatures._fields, 1), "prefill_tokens": prefill}
 
-    def write_run(directory, scheduler, named):
+    def write_run(directory, scheduler, named, role="calibration", cells=False):
         # a decode step, one ahead, a prompt's pass 4 ms over its price (discarding a step ahead), a decode step
         passes = [traced(0.0, 0.010, 0), traced(0.010, 0.008, 0, ahead=True), traced(0.018, 0.014, 8),
                   traced(0.032, 0.010, 0), traced(0.042, 0.010, 0)]
@@ -1191,11 +1195,11 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
         trace.append(json.dumps({"kind": "request", "id": "r", "token_times": [0.052]}))
         (directory / f"trace-{scheduler}.jsonl").write_text("\n".join(trace) + "\n")
         cell = Cell(scheduler, 768, "tiny", "fixed:8", "fixed:2", 1, temperature=0.0)
-        row = {"role": "calibration", "server": scheduler, "cell": dataclasses.asdict(cell), "rate": None,
+        row = {"role": role, "server": scheduler, "cell": dataclasses.asdict(cell), "rate": None,
                "records": [{"id": 0, "prompt_tokens": 8, "max_tokens": 2, "response_id": "r"}], "t0": 0.0,
                "window": [0.0, 1.0], "info": {}}
         (directory / "measured.jsonl").write_text(json.dumps(row) + "\n")
-        return greedy_ratios(directory, Price(), host="h")
+        return greedy_ratios(directory, Price(), host="h", cells=cells)
 
     rows = write_run(tmp_path / "named", "prefill-first", named=True)
     assert [r["kind"] for r in rows] == ["ahead", "discarded", "step"]  # the trace's first and last are not timed
@@ -1204,6 +1208,10 @@ def test_greedy_ratios_take_the_discards_the_trace_names(tmp_path):
     assert rows == write_run(tmp_path / "old", "splitfuse", named=False)
     assert [r["kind"] for r in write_run(tmp_path / "old-prefill-first", "prefill-first", named=False)] == \
         ["ahead", "step"]
+    # --greedy-cells reads the cells' passes alone, the default the warm-up and overload runs' alone
+    assert write_run(tmp_path / "cell", "prefill-first", named=True, role="cell", cells=True) == rows
+    assert write_run(tmp_path / "cell-not-read", "prefill-first", named=True, role="cell") == []
+    assert write_run(tmp_path / "calibration-not-read", "prefill-first", named=True, cells=True) == []
 
 
 def test_every_shipped_host_that_keeps_its_run_reads_its_profile():
