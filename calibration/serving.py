@@ -69,7 +69,10 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   Served, the buckets' pattern around that line repeats from card to card (a pass of a small bucket runs 5-7% over
   a full chunk's level, one of 240 tokens 13%; ``calibration/VALIDATION.md``, forty-third round), which a factor per
   bucket, each host's median over its path's median, then the median over hosts, carries (``fit_bucket_scales``,
-  ``--fit-buckets``). Older sections have none: every bucket at the path's scale.
+  ``--fit-buckets``). A bucket no served pass showed (above the calibration runs' budget; every bucket of a
+  section fitted without them) takes the sweep's shape about its line from the budget's bucket, where the level is
+  fitted (``calibration.sweep_buckets``): served, a budget of 1,024 runs its full chunks 3-4% over the 768-token
+  bucket's level, as the sweep does. Older sections have none: every bucket at the path's scale.
 - what a sampled pass saves since the sweep (from profile version 20): ``sampler_saved``, a table of seconds by
   sampled entries for decode-only passes and, where measured, one for passes with prompt tokens. The profiles were
   swept with a sampler that sorted every sampled row over the vocabulary; the engine since commit 0570fa2 draws
@@ -471,12 +474,13 @@ class ServingModel:
         return ServingModel.from_dict({**d, "greedy": dict(greedy),
                                        "fit": {**d["fit"], "greedy": dict(fit or {})}})
 
-    def with_bucket_scale(self, scales: Mapping[str, Mapping[int, float]], fit: Mapping | None = None) -> ServingModel:
+    def with_bucket_scale(self, scales: Mapping[str, Mapping[int, float]], fit: Mapping | None = None,
+                          key: str = "buckets") -> ServingModel:
         """This section with ``scales`` as its mixed paths' factors per graph bucket (``fit_bucket_scales``; a path
-        not in ``scales`` keeps its own) and ``fit`` under the fit's "buckets"."""
+        not in ``scales`` keeps its own) and ``fit`` under the fit's ``key``."""
         d = self.to_dict()
         return ServingModel.from_dict({**d, "bucket_scale": {**d.get("bucket_scale", {}), **scales},
-                                       "fit": {**d["fit"], "buckets": dict(fit or {})}})
+                                       "fit": {**d["fit"], key: dict(fit or {})}})
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ServingModel:

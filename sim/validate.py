@@ -1337,8 +1337,10 @@ def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, st
                        samplers: dict[Path, str] | None = None):
     """``profile`` with its mixed paths' factors per graph bucket (``calibration.serving.fit_bucket_scales``) around
     the section's levels, which stay, measured on the ``measured`` runs' warm-up, overload and cell passes (the
-    small buckets are a prompt's remainder, a few a run), and those runs' hosts recorded again."""
+    small buckets are a prompt's remainder, a few a run), and those runs' hosts recorded again. A section whose
+    buckets were filled from the sweep has those the runs lack filled again (``with_served_buckets``)."""
     from calibration.serving import fit_bucket_scales
+    from calibration.sweep_buckets import with_served_buckets
 
     if profile.serving is None:
         raise ValueError("the profile has no serving section whose paths to price per bucket")
@@ -1348,8 +1350,8 @@ def with_bucket_scales(profile, measured: tuple[Path, ...], hosts: dict[Path, st
                                               heat_tau_s=profile.serving.heat_tau_s,
                                               sampler_saved=profile.serving.sampler_saved_seconds,
                                               sampler=(samplers or {}).get(directory))[0]]
-    serving = profile.serving.with_bucket_scale(*fit_bucket_scales(passes, profile.serving))
-    return with_measured_hosts(profile.with_serving(serving).with_hosts(profile.hosts), measured, hosts)
+    profile = with_served_buckets(profile, *fit_bucket_scales(passes, profile.serving))
+    return with_measured_hosts(profile, measured, hosts)
 
 
 def with_step_knee(profile, measured: tuple[Path, ...], hosts: dict[Path, str], knee: float,
