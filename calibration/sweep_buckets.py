@@ -3,9 +3,10 @@
 A mixed-graph pass is priced by one line in its padded tokens, and the serving section's level is fitted where the
 calibration runs' passes mostly are: the bucket of their token budget (768). The sweep times every bucket, and about
 the line they differ by a shape that repeats from model to model and card to card: the 768-token graph runs 2-3%
-under the line, the 1,024-token one about on it, the 832-token one 7-12% over it. A budget of 1,024 then serves its
+under the line, the 1,024-token one about on it, the 832-token one 7-13% over it. A budget of 1,024 then serves its
 full chunks 3-4% over their price (calibration/VALIDATION.md, fifty-fourth round). Each bucket the section has no
-served factor for takes the reference bucket's factor (1 where it has none) times the sweep's ratio of the two.
+served factor for takes the nearest served bucket's factor (on a path with none, the reference bucket's, at 1) times
+the sweep's ratio of the two.
 
     python -m calibration.sweep_buckets llama-3-8b-h200-bf16 --reference 768 --out FILE
 """
@@ -90,7 +91,10 @@ def _served_only(serving: ServingModel) -> ServingModel:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
 def main(profile: str, reference: int, out: Path) -> None:
     """Fill PROFILE's missing factors per graph bucket from its sweep and write it to OUT."""
-    filled = with_sweep_buckets(load_profile(profile), reference)
+    try:
+        filled = with_sweep_buckets(load_profile(profile), reference)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     for path, factors in filled.serving.bucket_scale.items():
         new = filled.serving.fit["sweep_buckets"]["filled"].get(path, [])
         click.echo(f"{path}: " + ", ".join(f"{b}{'*' if b in new else ''} {f:.3f}" for b, f in factors.items()))

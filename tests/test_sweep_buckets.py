@@ -100,4 +100,7 @@ def test_the_command_writes_a_profile_that_loads_with_the_fill(tmp_path):
     assert written.serving.bucket_scale["mixed-graph"][768] == pytest.approx(1.0)
     assert written.hosts.to_dict() == shipped.hosts.to_dict()
     result = CliRunner().invoke(main, ["llama-2-13b-h200-bf16", "--reference", "1000", "--out", str(tmp_path / "x")])
-    assert result.exit_code != 0 and "1000-token bucket" in str(result.exception) and not (tmp_path / "x").exists()
+    assert result.exit_code == 1 and "Error: the sweep has 0 mixed-graph passes in the 1000-token bucket" in \
+        result.output and not (tmp_path / "x").exists()
+    result = CliRunner().invoke(main, ["no-such-model", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "unknown profile 'no-such-model'" in result.output
