@@ -6,19 +6,14 @@ the line they differ by a shape that repeats from model to model and card to car
 under the line, the 1,024-token one about on it, the 832-token one 7-13% over it. A budget of 1,024 then serves its
 full chunks 3-4% over their price (calibration/VALIDATION.md, fifty-fourth round). Each bucket the section has no
 served factor for takes the nearest served bucket's factor (on a path with none, the reference bucket's, at 1) times
-the sweep's ratio of the two.
-
-    python -m calibration.sweep_buckets llama-3-8b-h200-bf16 --reference 768 --out FILE
+the sweep's ratio of the two. ``python -m sim.sweep_buckets`` writes a profile so filled, its hosts simulated again.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import click
 import numpy as np
 
-from calibration.profile import Profile, load_profile, point_features
+from calibration.profile import Profile, point_features
 from calibration.serving import BUCKET_PATHS, ServingModel
 
 
@@ -82,24 +77,3 @@ def _served_only(serving: ServingModel) -> ServingModel:
     fit = {k: v for k, v in d["fit"].items() if k != "sweep_buckets"}
     return ServingModel.from_dict({**d, "bucket_scale": {p: {str(b): f for b, f in s.items()}
                                                          for p, s in scales.items() if s}, "fit": fit})
-
-
-@click.command()
-@click.argument("profile")
-@click.option("--reference", type=int, default=768, show_default=True,
-              help="The bucket the section's levels were fitted at (the calibration runs' token budget).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
-def main(profile: str, reference: int, out: Path) -> None:
-    """Fill PROFILE's missing factors per graph bucket from its sweep and write it to OUT."""
-    try:
-        filled = with_sweep_buckets(load_profile(profile), reference)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
-    for path, factors in filled.serving.bucket_scale.items():
-        new = filled.serving.fit["sweep_buckets"]["filled"].get(path, [])
-        click.echo(f"{path}: " + ", ".join(f"{b}{'*' if b in new else ''} {f:.3f}" for b, f in factors.items()))
-    click.echo(f"(* from the sweep) wrote {filled.save(out)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -5,7 +5,9 @@ from click.testing import CliRunner
 
 from calibration.profile import Profile, load_profile, point_features
 from calibration.serving import ServingModel
-from calibration.sweep_buckets import main, sweep_bucket_shape, with_served_buckets, with_sweep_buckets
+from calibration.sweep_buckets import sweep_bucket_shape, with_served_buckets, with_sweep_buckets
+from sim.sweep_buckets import main
+from sim.validate import simulated_overload_rps
 
 
 def shape_of(bucket: int) -> float:
@@ -98,7 +100,9 @@ def test_the_command_writes_a_profile_that_loads_with_the_fill(tmp_path):
     written, shipped = load_profile(out), load_profile("llama-2-13b-h200-bf16")
     assert set(written.serving.bucket_scale) == {"mixed-graph", "mixed-prefill"}
     assert written.serving.bucket_scale["mixed-graph"][768] == pytest.approx(1.0)
-    assert written.hosts.to_dict() == shipped.hosts.to_dict()
+    assert [r.host for r in written.hosts.runs] == [r.host for r in shipped.hosts.runs]
+    row = next(r for r in written.hosts.runs if r.run)  # a host's overload run, simulated again on the filled prices
+    assert simulated_overload_rps(written, row.run) == pytest.approx(row.simulated_rps, rel=1e-9)
     result = CliRunner().invoke(main, ["llama-2-13b-h200-bf16", "--reference", "1000", "--out", str(tmp_path / "x")])
     assert result.exit_code == 1 and "Error: the sweep has 0 mixed-graph passes in the 1000-token bucket" in \
         result.output and not (tmp_path / "x").exists()
