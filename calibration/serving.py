@@ -68,7 +68,8 @@ request; the fit uses its warm-up and overload runs, never the cells it is then 
   padded tokens and the served scale one number, fitted where served passes mostly are (the budget's bucket).
   Served, the buckets' pattern around that line repeats from card to card (a pass of a small bucket runs 5-7% over
   a full chunk's level, one of 240 tokens 13%; ``calibration/VALIDATION.md``, forty-third round), which a factor per
-  bucket, each host's median over its path's median, then the median over hosts, carries (``fit_bucket_scales``,
+  bucket carries: each host's median per bucket split into the host's offset and one shape for every host (hosts
+  that served other budgets included), scaled so that a host's typical pass keeps its price (``fit_bucket_scales``,
   ``--fit-buckets``). A bucket no served pass showed (above the calibration runs' budget; every bucket of a
   section fitted without them) takes the sweep's shape about its line from the budget's bucket, where the level is
   fitted (``calibration.sweep_buckets``): served, a budget of 1,024 runs its full chunks 3-4% over the 768-token
@@ -579,11 +580,13 @@ LEVEL_DECODE_MAX_SAMPLES = 128  # larger decode steps run hotter than any cell's
 def _level_passes(passes, paths: Sequence[str] | None):
     """``passes`` (rows as ``fit_path_levels`` takes) as a frame of the ``paths`` (default every one) whose levels
     a cell below saturation runs at: no spread of decode contexts, no decode step of more than
-    ``LEVEL_DECODE_MAX_SAMPLES`` sequences (an overload run's largest batches, hotter than any cell's)."""
+    ``LEVEL_DECODE_MAX_SAMPLES`` sequences (an overload run's largest batches, hotter than any cell's), no pass that
+    discarded a greedy decode step enqueued ahead (``discarded``: it carries that step's work, which the greedy
+    section prices; such passes are mostly a fresh prompt's first chunk, in the buckets below the budget's)."""
     import pandas as pd
 
     passes = pd.DataFrame(passes, columns=["path", "pass_s", "model_s", "num_samples", "spread_tokens", "heat",
-                                           "host", "attention_s", "prefill_tokens", "bucket"])
+                                           "host", "attention_s", "prefill_tokens", "bucket", "discarded"])
     numbers = ["pass_s", "model_s", "num_samples", "spread_tokens", "heat", "attention_s", "prefill_tokens", "bucket"]
     passes[numbers] = passes[numbers].astype(float).fillna({"spread_tokens": 0.0, "heat": 0.0, "attention_s": 0.0,
                                                             "prefill_tokens": 0.0, "bucket": 0.0})
@@ -593,6 +596,7 @@ def _level_passes(passes, paths: Sequence[str] | None):
         raise ValueError(f"unknown serving path {unknown[0]!r}; paths are {', '.join(PATHS)}")
     kept = (passes["spread_tokens"] == 0) & ((passes["prefill_tokens"] > 0)
                                              | (passes["num_samples"] <= LEVEL_DECODE_MAX_SAMPLES))
+    kept &= ~passes["discarded"].eq(True)  # (rows without the column: NaN)
     return passes[kept & passes["path"].isin(paths if paths else PATHS)]
 
 
@@ -624,12 +628,15 @@ def fit_path_levels(passes, serving: ServingModel, paths: Sequence[str] | None =
 
 
 def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tuple[dict[str, dict[int, float]], dict]:
-    """({path: {bucket: factor}}, fit summary) of the mixed-graph paths (``BUCKET_PATHS``) on ``serving``'s scale:
-    each host's median of served / priced step in a bucket over its median in every bucket of the path (so the
-    path's level keeps its meaning), then the median over the hosts with ``min_count`` passes in that bucket, each
-    host weighing as one. The priced step is the section's (its level, heat growth and attention scale; its work per
-    sampled entry taken off the served step), without factors per bucket. Rows as ``fit_path_levels`` takes, with
-    ``bucket`` (``PassModel.bucket``; 0: a row of several passes, not counted). Passes as ``_level_passes`` keeps."""
+    """({path: {bucket: factor}}, fit summary) of the mixed-graph paths (``BUCKET_PATHS``) on ``serving``'s scale.
+    Each host's median of served / priced step in each bucket with ``min_count`` passes is split into a host's
+    offset times a bucket's shape (``bucket_shape``: hosts that served other budgets, whose typical pass sits in
+    another bucket, share one shape). The shape is then scaled so that a host's median pass keeps its price under
+    the section's own factors (the median over hosts, each weighing as one), so the path's level keeps its meaning
+    and a refit moves the shape, not the level. The priced step is the section's (its level, heat growth and
+    attention scale; its work per sampled entry taken off the served step), without factors per bucket. Rows as
+    ``fit_path_levels`` takes, with ``bucket`` (``PassModel.bucket``; 0: a row of several passes, not counted).
+    Passes as ``_level_passes`` keeps."""
     too_few = f"no mixed-graph path has {min_count} passes of a bucket on a host to fit its factor on"
     passes = _level_passes(passes, BUCKET_PATHS)
     passes = passes[passes["bucket"] > 0]
@@ -639,25 +646,44 @@ def fit_bucket_scales(passes, serving: ServingModel, min_count: int = 10) -> tup
     priced = model_s * (passes["path"].map(serving.path_scale) + passes["path"].map(serving.heat_scale)
                         * passes["heat"])
     served = passes["pass_s"] - serving.step_per_sample_s * passes["num_samples"] + _knee_saved(passes, serving)
-    rows = _finite_rows(passes.assign(ratio=served / priced), "ratio")
+    rows = _finite_rows(passes.assign(ratio=served / priced, bucket=passes["bucket"].astype(int)), "ratio")
     scales, fit = {}, {}
     for path, part in rows.groupby("path"):
-        per_host = {}
-        for host, g in part.groupby("host"):
-            if len(g) < min_count:
-                continue
-            level = float(np.median(g["ratio"]))
-            per_host[host] = {int(b): float(np.median(gb["ratio"])) / level
-                              for b, gb in g.groupby("bucket") if len(gb) >= min_count}
-        buckets = sorted({b for factors in per_host.values() for b in factors})
-        if not buckets:
+        counted = part.groupby(["host", "bucket"]).filter(lambda g: len(g) >= min_count)
+        if counted.empty:
             continue
-        scales[path] = {b: float(np.median([f[b] for f in per_host.values() if b in f])) for b in buckets}
-        fit[path] = {"n": int(len(part)), "hosts": len(per_host),
-                     "bucket_hosts": {str(b): sum(b in f for f in per_host.values()) for b in buckets}}
+        medians = {(h, b): float(np.median(g["ratio"])) for (h, b), g in counted.groupby(["host", "bucket"])}
+        shape = bucket_shape(medians)
+        own = serving.bucket_scale.get(path, {})
+        # each host's median pass, priced by the shape against the section's factors
+        anchor = float(np.median([np.median([shape[b] / own.get(b, 1.0) for b in g["bucket"]])
+                                  for _, g in counted.groupby("host")]))
+        scales[path] = {b: shape[b] / anchor for b in sorted(shape)}
+        fit[path] = {"n": int(len(part)), "hosts": int(counted["host"].nunique()),
+                     "bucket_hosts": {str(b): int(g["host"].nunique()) for b, g in counted.groupby("bucket")}}
     if not scales:
         raise ValueError(too_few)
     return scales, fit
+
+
+def bucket_shape(medians: Mapping[tuple[str, int], float], rounds: int = 100) -> dict[int, float]:
+    """{bucket: shape} of ``medians`` {(host, bucket): served / priced}, split into host offset x bucket shape by
+    Tukey's median polish on their logarithms (robust to one host's odd bucket), the shape's median over buckets 1.
+    A bucket only hosts apart from the others served is on their scale only through those hosts' offsets."""
+    hosts = sorted({h for h, _ in medians})
+    buckets = sorted({b for _, b in medians})
+    residual = np.full((len(hosts), len(buckets)), np.nan)
+    for (h, b), m in medians.items():
+        residual[hosts.index(h), buckets.index(b)] = math.log(m)
+    effect = np.zeros(len(buckets))
+    for _ in range(rounds):
+        row = np.nanmedian(residual, axis=1, keepdims=True)
+        column = np.nanmedian(residual - row, axis=0)
+        residual -= row + column
+        effect += column
+        if max(np.abs(row).max(), np.abs(column).max()) < 1e-12:
+            break
+    return {b: float(math.exp(e)) for b, e in zip(buckets, effect - np.median(effect))}
 
 
 def _knee_saved(passes, serving: ServingModel) -> np.ndarray:

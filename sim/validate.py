@@ -447,7 +447,8 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
                 run_attention += attention_s
             if lo <= p["start"] <= hi:
                 rows.append({**measured.cell.keys(), "replica": replica, "path": p["path"], "ahead": p["ahead"],
-                             "num_outputs": p["num_outputs"], **features._asdict(), "heat": heats[i],
+                             "discarded": bool(p.get("discarded", False)), "num_outputs": p["num_outputs"],
+                             **features._asdict(), "heat": heats[i],
                              "passes": 0 if unsynced else run_passes + 1,
                              "pass_s": float("nan") if unsynced else p["updated"] - start,
                              "loop_s": following - start if busy and not unsynced else float("nan"),
@@ -787,7 +788,7 @@ def serving_measurements(directory: Path, cost, host: str | None = None, cells: 
                            "pass_s": p["pass_s"] + back,
                            "model_s": p["predicted_s"], "num_samples": p["num_samples"], "serving_s": p["serving_s"],
                            "heat": p["heat"], "attention_s": p["attention_s"], "prefill_tokens": p["prefill_tokens"],
-                           "greedy": m.cell.temperature == 0,
+                           "greedy": m.cell.temperature == 0, "discarded": p["discarded"],
                            "bucket": cost.model.bucket(PassFeatures.from_mapping(p)) if p["passes"] == 1 else 0,
                            "spread_tokens": decode_spread_tokens(p["decode_tokens"], p["decode_context"],
                                                                  p["decode_max_context"])})
@@ -1544,9 +1545,11 @@ def _command():
                        "the cells below saturation do at the same batch.")
     @click.option("--fit-buckets", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the profile with its mixed-graph paths priced per graph bucket: each bucket's factor "
-                       "on the path's scale, the median over hosts of served / priced in that bucket over the "
-                       "host's median (the cells' passes included: judge the result on other runs), the levels and "
-                       "the rest of the section kept; records the runs' hosts again and compares with that.")
+                       "on the path's scale, the shape that each host's median of served / priced per bucket "
+                       "shows once its own offset is taken out (hosts of other budgets share it), scaled so that a "
+                       "host's typical pass keeps its price (the cells' passes included: judge the result on other "
+                       "runs), the levels and the rest of the section kept; records the runs' hosts again and "
+                       "compares with that.")
     @click.option("--fit-step-knee", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Write the profile with what its graph steps save past --step-knee sampled entries, per path "
                        "(at the knee and per entry beyond), measured on the runs' sampled warm-up and overload "

@@ -14,6 +14,7 @@ from calibration.serving import (
     PATHS,
     PrefillHeat,
     ServingModel,
+    bucket_shape,
     decode_spread_tokens,
     fit_bucket_scales,
     fit_loop,
@@ -712,6 +713,67 @@ def test_a_mixed_pass_is_priced_by_its_graph_bucket():
     # rows of several passes (bucket 0) and other paths do not count
     with pytest.raises(ValueError, match="no mixed-graph path has 10 passes of a bucket"):
         fit_bucket_scales({**passes, "bucket": np.zeros(len(passes["bucket"]))}, section)
+
+
+def test_hosts_that_served_other_budgets_share_one_bucket_shape():
+    """Passes of the 512-token bucket run 4% over those of the 768 one, of the 256 one 8%. Host a served budget
+    768 (its typical pass in the 768 bucket), host b budget 512 (most passes there), host c both, at levels 0.9, 1.0
+    and 1.05: over each host's own median b's factors would read 512 at 1 and 768 under it, but the shape is split
+    from the host offsets, and scaled so that the median host's typical pass keeps its price under the section's
+    factors (here 768 at 0.99, the rest unpriced)."""
+    rng = np.random.default_rng(12)
+    truth = {256: 1.08, 512: 1.04, 768: 1.0}
+    section = ServingModel(path_scale={"mixed-graph": 1.0}, bucket_scale={"mixed-graph": {"768": 0.99}})
+
+    def host(name: str, level: float, counts: dict) -> dict:
+        buckets = np.concatenate([np.full(n, b) for b, n in counts.items()])
+        n = len(buckets)
+        served = level * 0.02 * np.vectorize(truth.get)(buckets) * (1 + rng.normal(0, 0.003, n))
+        return {"path": ["mixed-graph"] * n, "model_s": np.full(n, 0.02), "attention_s": np.zeros(n),
+                "heat": np.zeros(n), "host": [name] * n, "pass_s": served, "num_samples": np.full(n, 4),
+                "prefill_tokens": np.full(n, 200), "bucket": buckets}
+
+    passes = joined(host("a", 0.90, {768: 300, 256: 40}), host("b", 1.00, {512: 300, 768: 30, 256: 40}),
+                    host("c", 1.05, {512: 150, 768: 250, 256: 40}))
+    scales, fit = fit_bucket_scales(passes, section)
+    factors = scales["mixed-graph"]
+    assert factors[512] / factors[768] == pytest.approx(1.04, abs=0.003)
+    assert factors[256] / factors[768] == pytest.approx(1.08, abs=0.003)
+    # the hosts' median passes: a's at 768 (priced at 0.99 before), c's at 768 and b's at 512 (at 1 before)
+    assert factors[768] == pytest.approx(0.99, abs=0.003)
+    assert fit["mixed-graph"]["hosts"] == 3 and fit["mixed-graph"]["bucket_hosts"] == {"256": 3, "512": 2, "768": 3}
+
+
+def test_a_bucket_shape_is_robust_to_one_hosts_odd_bucket():
+    """Four hosts at offsets 0.9-1.05 over buckets that overlap in part; one host's 256 bucket ran 30% slow (a
+    noisy few passes): the median polish keeps the shape the other hosts agree on."""
+    truth = {256: 1.08, 512: 1.04, 768: 1.0, 1024: 1.03}
+    hosts = {"a": (0.90, (768, 256, 512)), "b": (1.00, (512, 768, 256)), "c": (1.05, (1024, 768, 256)),
+             "d": (0.95, (512, 1024))}
+    medians = {(h, b): offset * truth[b] for h, (offset, buckets) in hosts.items() for b in buckets}
+    shape = bucket_shape(medians)
+    assert {b: shape[b] / shape[768] for b in truth} == pytest.approx(truth)
+    shape = bucket_shape({**medians, ("a", 256): 1.3 * medians["a", 256]})
+    assert shape[256] / shape[768] == pytest.approx(1.08, abs=1e-9)
+
+
+def test_a_pass_that_discarded_a_step_ahead_is_no_level():
+    """A greedy run's pass that discarded a decode step enqueued ahead carries that step's work (the greedy
+    section's "discarded" prices it) and is mostly a fresh prompt's first chunk, in a small bucket: a fit of levels
+    or buckets leaves it out, and rows that do not say count as not discarded."""
+    section = ServingModel(path_scale={"mixed-graph": 1.0})
+    n = 200
+    buckets = np.array([768] * n + [384] * n)
+    discarded = np.array([False] * n + [True, False] * (n // 2))
+    served = 0.02 * np.where(discarded, 1.3, 1.0)
+    passes = {"path": ["mixed-graph"] * 2 * n, "model_s": np.full(2 * n, 0.02), "attention_s": np.zeros(2 * n),
+              "heat": np.zeros(2 * n), "host": ["a"] * 2 * n, "pass_s": served, "num_samples": np.full(2 * n, 4),
+              "prefill_tokens": np.full(2 * n, 200), "bucket": buckets}
+    assert fit_bucket_scales({**passes, "discarded": discarded}, section)[0]["mixed-graph"] == pytest.approx(
+        {384: 1.0, 768: 1.0})
+    counted = fit_bucket_scales(passes, section)[0]["mixed-graph"]
+    assert counted[384] / counted[768] == pytest.approx(1.15)
+    assert fit_path_levels({**passes, "discarded": discarded}, section)[0]["mixed-graph"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("scales, message", [
