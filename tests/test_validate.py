@@ -911,6 +911,27 @@ def test_level_growth_fits_a_paths_heat_and_attention_on_the_cells_too(run, tmp_
         {p: v for p, v in served.serving.heat_scale.items() if p != path}
 
 
+def test_a_pass_the_trace_names_as_discarding_a_step_is_no_level(run, tmp_path):
+    """Each served pass carries the trace's ``discarded`` mark (a pass after a greedy step ahead that it threw away,
+    which carries that step's work) into the rows the fits read, and the fits leave such passes out: with every pass
+    so marked, no path has passes to fit a level on."""
+    import shutil
+
+    out, _ = run
+    bare = load_profile(out / "served.json").with_serving(None)
+    assert not any(row["discarded"] for row in serving_measurements(out, bare, cells=True)[0])
+    marked = tmp_path / "marked"
+    shutil.copytree(out, marked)
+    for trace in marked.glob("trace-*.jsonl"):
+        lines = [json.loads(line) for line in trace.read_text().splitlines()]
+        trace.write_text("".join(json.dumps({**d, "discarded": True} if d.get("kind") == "pass" else d) + "\n"
+                                 for d in lines))
+    rows = serving_measurements(marked, bare, cells=True)[0]
+    assert rows and all(row["discarded"] for row in rows)
+    with pytest.raises(ValueError, match="no path has 10 passes"):
+        fit_path_levels(rows, load_profile(out / "served.json").serving)
+
+
 def test_a_sections_fit_takes_its_own_heat_time_constant(run):
     """A section being fitted on a bare profile has no heat of its own to time the passes' heat by: the fit names
     its time constant, which moves each pass's heat and nothing else."""
