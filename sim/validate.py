@@ -414,7 +414,8 @@ def cell_passes(measured: Measured, passes: list[list[dict]], cost: CostModel | 
     Each pass's own phases (``PHASES``, NaN where its trace lacks them): ``schedule_s`` (the plan), ``prepare_s``
     (inputs built and the pass enqueued), ``wait_s`` (until its sampled ids reached the host), ``update_s`` (the
     scheduler applying them) and ``device_s`` (the GPU's own time, where traced): what a step's excess over its
-    price is made of, host or card, as its batch grows.
+    price is made of, host or card, as its batch grows. ``discarded``: the trace marks the pass as one that threw
+    away a greedy decode step enqueued ahead (False in traces that do not say).
 
     A pass that samples nothing (prompt chunks alone) ends without waiting for the GPU, so its work is timed in the
     next pass that samples: that pass's row spans the whole run of them (``passes`` > 1: its times from the first
