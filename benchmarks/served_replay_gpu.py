@@ -2,6 +2,7 @@
 
     python -m benchmarks.served_replay_gpu VALIDATE_DIR [--server splitfuse-2048] [--per-stratum 15]
                                            [--profile calibration/profiles/llama-2-7b-h200-bf16.json] [--out DIR]
+                                           [--passes PASSES.jsonl]
 
 ``splitfuse validate`` traces every served pass with its shape (decode contexts; chunks as cached prefix, new
 tokens, prompt tokens left) and its device seconds. This takes a seeded sample of those passes, stratified by path
@@ -62,6 +63,17 @@ def sample(passes: list[dict], per_stratum: int, rng: np.random.Generator) -> li
     return picked
 
 
+def read_passes(path: Path) -> list[dict]:
+    """The passes of a JSONL file to replay; each needs its shape and a label (or, traced, its path)."""
+    picked = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for i, p in enumerate(picked, start=1):
+        missing = [k for k in ("decode_contexts", "chunks") if p.get(k) is None]
+        if missing or not (p.get("label") or p.get("path")):
+            raise SystemExit(f"{path}, line {i}: a pass to replay needs decode_contexts, chunks and a label or "
+                             f"path; missing {', '.join(missing) or 'label'}")
+    return picked
+
+
 def replay(llm, spec: PassSpec, rng: np.random.Generator, repeats: int) -> dict:
     """``spec`` built as the sweep builds it and timed as a served step: medians of ``repeats`` runs after one
     warm-up."""
@@ -104,14 +116,22 @@ def main() -> None:
     parser.add_argument("--skip-first", type=int, default=200, help="traced passes left out at the start (warm-up)")
     parser.add_argument("--profile", default=None, help="also price every pass with this profile")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passes", type=Path, default=None,
+                        help="replay these passes (JSONL, each with decode_contexts, chunks and a label or path)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="stop replaying after this long and report the passes replayed so far")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     meta = json.loads((args.validate_dir / "meta.json").read_text())
     scheduler, budget = args.server.rsplit("-", 1)
-    passes = read_traces(trace_files(args.validate_dir, args.server, 1))[0][0][args.skip_first:]
     rng = np.random.default_rng(args.seed)
-    picked = sample(passes, args.per_stratum, rng)
+    if args.passes:
+        picked = read_passes(args.passes)
+        passes = picked
+    else:
+        passes = read_traces(trace_files(args.validate_dir, args.server, 1))[0][0][args.skip_first:]
+        picked = sample(passes, args.per_stratum, rng)
     if not picked:
         parser.error(f"no traced pass of {args.server} in {args.validate_dir} has a shape to run again (traces "
                      "before commit bee5ad1 have none, and --skip-first may leave too few passes)")
@@ -125,17 +145,21 @@ def main() -> None:
     print(f"{len(picked)} of {len(passes)} traced passes; {llm.num_kv_blocks} KV blocks; "
           f"{card_name()}; started {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
     rows = []
+    began = time.monotonic()
     for p in picked:
+        if args.max_seconds is not None and time.monotonic() - began > args.max_seconds:
+            print(f"stopped after {args.max_seconds:.0f} s: {len(rows)} of {len(picked)} passes replayed")
+            break
         spec = PassSpec("served", decode_contexts=tuple(p["decode_contexts"]),
                         chunks=tuple(tuple(c) for c in p["chunks"]))
         again = replay(llm, spec, rng, args.repeats)
-        served = served_times(p)
+        served = served_times(p) if "start" in p else dict.fromkeys(PHASES)
         features = again.pop("features")
-        same = all(features[k] == p[k] for k in features)
-        row = {"stratum": stratum(p), "path": p["path"], "same_features": same, **features,
+        same = all(features[k] == p[k] for k in features if k in p)
+        row = {"stratum": p.get("label") or stratum(p), "path": p.get("path"), "same_features": same, **features,
                **{f"served_{k}": v for k, v in served.items()}, **{f"replay_{k}": v for k, v in again.items()}}
         if cost is not None:
-            row["predicted_s"] = cost.predict(PassFeatures.from_mapping(p))
+            row["predicted_s"] = cost.predict(PassFeatures(**features))
         rows.append(row)
     print(f"finished {time.strftime('%H:%M:%S', time.gmtime())} UTC; passes whose replay has other features: "
           f"{sum(not r['same_features'] for r in rows)}")
@@ -151,7 +175,8 @@ def main() -> None:
                       if r[f"served_{k}"] is not None and r[f"replay_{k}"]]
             line += f" {statistics.median(ratios):>10.3f}" if ratios else f" {'-':>10}"
         if cost is not None:
-            line += f" {statistics.median(r['served_span_s'] / r['predicted_s'] for r in group):>11.3f}"
+            served = [r["served_span_s"] / r["predicted_s"] for r in group if r["served_span_s"] is not None]
+            line += f" {statistics.median(served):>11.3f}" if served else f" {'-':>11}"
             line += f" {statistics.median(r['replay_span_s'] / r['predicted_s'] for r in group):>11.3f}"
         print(line)
     path = write_results(args.out, "served_replay", rows, validate_dir=str(args.validate_dir), server=args.server,
