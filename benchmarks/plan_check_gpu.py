@@ -79,8 +79,8 @@ def plan_rates(profile: str, scheduler: str, budget: int, mix: tuple[str, str, s
                       mix=mix_name(workload))
     typical = dataclasses.replace(plan, host_margin=0.0)
     out = {"profile": profile, "scheduler": scheduler, "token_budget": budget, "mix": list(mix), "target": target,
-           "margin": plan.margin(profile), "replications": replications, "max_requests_per_replica": max_requests,
-           "slas": {}}
+           "margin": plan.margin(profile, scheduler, budget), "replications": replications,
+           "max_requests_per_replica": max_requests, "slas": {}}
     for spec in slas:
         _, sla, column = parse_sla(spec)
         search = SearchConfig(target=target, column=column, replications=replications,  # as `splitfuse plan`'s

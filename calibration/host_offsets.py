@@ -21,15 +21,16 @@ from calibration.profile import load_profile, shipped_profiles
 
 
 def offset_frame(profiles) -> pd.DataFrame:
-    """One row per active run of ``profiles`` (measured ones with hosts): card, profile, mix, host (the GPU) and
-    offset (its log factor less its profile's mean for the mix)."""
+    """One row per active run of ``profiles`` (measured ones with hosts): card, profile, mix, scheduler, host (the
+    GPU) and offset (its log factor less its profile's mean for the mix and the scheduler that served it)."""
     rows = []
     for p in profiles:
-        for mix, logs in p.hosts.by_mix().items():
+        for (mix, scheduler), logs in p.hosts.groups().items():
             mean = sum(logs) / len(logs)
-            rows += [{"card": p.meta.get("card"), "profile": p.meta.get("model"), "mix": mix, "host": run.host,
-                      "offset": math.log(run.factor) - mean} for run in p.hosts.active if run.mix == mix]
-    return pd.DataFrame(rows, columns=["card", "profile", "mix", "host", "offset"])
+            rows += [{"card": p.meta.get("card"), "profile": p.meta.get("model"), "mix": mix, "scheduler": scheduler,
+                      "host": run.host, "offset": math.log(run.factor) - mean} for run in p.hosts.active
+                     if (run.mix, run.scheduler) == (mix, scheduler)]
+    return pd.DataFrame(rows, columns=["card", "profile", "mix", "scheduler", "host", "offset"])
 
 
 def mixes_agreement(offsets: pd.DataFrame, first: str = "long", second: str = "short") -> tuple[float, int]:
@@ -61,7 +62,8 @@ def held_out(profiles) -> pd.DataFrame:
             for run in (run for run in p.hosts.active if run.host == gpu):
                 if others is not None and run.mix in others.by_mix():
                     rows.append({"host": gpu, "profile": p.meta.get("model"), "mix": run.mix,
-                                 "excess": run.factor - 1, "margin": others.margin(run.mix, card)})
+                                 "excess": run.factor - 1,
+                                 "margin": others.margin(run.mix, card, scheduler=run.scheduler)})
     return pd.DataFrame(rows, columns=["host", "profile", "mix", "excess", "margin"])
 
 
@@ -98,7 +100,7 @@ def main() -> None:
             click.echo(f"each GPU left out: {(slack >= 0).sum()} of {len(judged)} of its runs within the margin the "
                        f"other GPUs set ({edge})")
         spread = CardSpread.pooled([p.hosts for p in mine])
-        runs = len(part) - part.groupby(["profile", "mix"]).ngroups
+        runs = len(part) - part.groupby(["profile", "mix", "scheduler"]).ngroups
         gpus, models = part["host"].nunique(), part["profile"].nunique()
         click.echo(f"\npooled spread: {'none' if spread is None else f'{spread.sd:.2%}, {spread.dof}'} degrees of "
                    f"freedom ({gpus} GPUs less {models} profile{'s' * (models != 1)}; {runs} counted by run)")

@@ -5,11 +5,15 @@ host's passes, so on the others its capacity is off by that much. For each measu
 requests/s the host sustained in an overload run of the serving path, and what the simulator, with this profile,
 sustains on the same run (``splitfuse validate --from RUN... --record-hosts``). Their ratio is the host's pass-time
 factor: 1.03 means the profile would put 3% more through than the host did. ``margin`` is what ``splitfuse plan``
-plans for unless told otherwise, on the workload's mix (any mix where none of it was measured; a factor depends on
-the mix as well as the host, since the profile misprices some mixes' passes more than others'): the larger of the
-slowest measured run's excess and the excess a new host stays under with probability ``HOST_QUANTILE``. That bound
-is Student's t prediction bound on the mix's runs' mean log factor, with the card's spread (``CardSpread``) pooled
-over every profile measured on the card: a few runs of one profile are too few to show how slow a card can be.
+plans for unless told otherwise, on the workload's mix and the replica's scheduler (a factor depends on them as well
+as on the host, since the profile misprices some mixes' passes more than others', and some schedulers': llama-3-8b's
+full 512-token chunks of long prompts run 3-5% over their price, calibration/VALIDATION.md, fifty-sixth round): the
+larger of the slowest measured run's excess and the excess a new host stays under with probability
+``HOST_QUANTILE``. The runs are those of the mix served by that scheduler (its name and token budget, as the runs
+record it) where there are any, else every run of the mix, whatever served it (a scheduler never measured takes
+the worst seen), else (a mix never measured) every run of the scheduler, else every run. The bound is Student's t
+prediction bound on those runs' mean log factor, with the card's spread (``CardSpread``) pooled over every profile
+measured on the card: a few runs of one profile are too few to show how slow a card can be.
 
 The ratios hold for the profile they were measured against. A row recorded since version 22 carries its overload
 run (``run``: the requests, the rate and the KV cache the server had), so that ``splitfuse validate`` simulates it
@@ -23,6 +27,7 @@ record and sets no margin.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
@@ -32,6 +37,11 @@ REQUIRED = FIELDS[:5]
 # what a row's overload run keeps, to be simulated again (``sim.validate.overload_run``)
 RUN_KEYS = ("scheduler", "token_budget", "mix", "prompt", "output", "num_requests", "seed", "temperature", "rate",
             "kv_total_blocks", "max_model_len")
+
+
+def scheduler_name(scheduler: str, token_budget: int) -> str:
+    """The name of a scheduler at a token budget, as a measured run records what served it: "splitfuse-512"."""
+    return f"{scheduler}-{token_budget}"
 
 
 @dataclass(frozen=True)
@@ -99,18 +109,31 @@ class HostSpread:
         return dict(sorted(means.items(), key=lambda item: -item[1]))
 
     def by_mix(self) -> dict[str, list[float]]:
-        """{mix: its active runs' log factors}, in the order first named."""
+        """{mix: its active runs' log factors, whatever served them}, in the order first named."""
         logs: dict[str, list[float]] = {}
         for run in self.active:
             logs.setdefault(run.mix, []).append(math.log(run.factor))
         return logs
 
+    def groups(self) -> dict[tuple[str, str], list[float]]:
+        """{(mix, scheduler): the active runs' log factors}, in the order first named: the runs one price error
+        is shared by, about whose mean a host's offset is read."""
+        logs: dict[tuple[str, str], list[float]] = {}
+        for run in self.active:
+            logs.setdefault((run.mix, run.scheduler), []).append(math.log(run.factor))
+        return logs
+
     def margin(self, mix: str | None = None, card: CardSpread | None = None,
-               quantile: float = HOST_QUANTILE) -> float:
-        """How much slower than the profile a host may run ``mix``: its slowest active run's excess, or with the
-        ``card``'s spread the ``quantile`` bound on a new host's where that is larger (0 where every run kept up, or
-        every run is retired); where no active run is of ``mix`` (or none is named), over the runs of every mix."""
-        logs = self.by_mix().get(mix) or [x for mix_logs in self.by_mix().values() for x in mix_logs]
+               quantile: float = HOST_QUANTILE, scheduler: str | None = None) -> float:
+        """How much slower than the profile a host may run ``mix`` served by ``scheduler`` (e.g. "splitfuse-512"):
+        the slowest of those active runs' excess, or with the ``card``'s spread the ``quantile`` bound on a new
+        host's where that is larger (0 where every run kept up, or every run is retired). Where no active run is of
+        both (or one is not named): over the runs of ``mix`` of every scheduler, else of ``scheduler`` in every mix,
+        else over every run."""
+        groups = self.groups()
+        of_scheduler = [x for (_, name), logs in groups.items() if name == scheduler for x in logs]
+        logs = (groups.get((mix, scheduler)) or self.by_mix().get(mix) or of_scheduler
+                or [x for group in groups.values() for x in group])
         if not logs:
             return 0.0
         bound = card.bound(logs, quantile) if card is not None else 1.0
@@ -120,11 +143,24 @@ class HostSpread:
         """{mix: ``margin(mix, card)``} for each mix the active runs name, in the order first named."""
         return {mix: self.margin(mix, card) for mix in self.by_mix()}
 
+    def scheduler_margins(self, card: CardSpread | None = None) -> dict[tuple[str, str], float]:
+        """{(mix, scheduler): its margin} where a mix's runs were served by more than one scheduler."""
+        several = {mix for mix, n in Counter(mix for mix, _ in self.groups()).items() if n > 1}
+        return {(mix, name): self.margin(mix, card, scheduler=name) for mix, name in self.groups() if mix in several}
+
     def describe_margins(self, card: CardSpread | None = None) -> str:
-        """"long 3.5%, short 6.6%; any other mix 6.6%": the margin of each mix and of the rest."""
+        """"long 3.5% (splitfuse-512 16.0%, splitfuse-768 3.1%), short 6.6%; any other mix 6.6%": the margin of
+        each mix (of a scheduler it was not measured with: the worst seen), of each of its schedulers where it has
+        several, and of the rest."""
         if not self.active:
             return "none (every measured run is retired)"
-        return (", ".join(f"{mix} {m:.1%}" for mix, m in self.margins(card).items())
+        by_scheduler = self.scheduler_margins(card)
+
+        def one(mix: str, margin: float) -> str:
+            own = [f"{name} {m:.1%}" for (of, name), m in by_scheduler.items() if of == mix]
+            return f"{mix} {margin:.1%}" + (f" ({', '.join(own)})" if own else "")
+
+        return (", ".join(one(mix, m) for mix, m in self.margins(card).items())
                 + f"; any other mix {self.margin(None, card):.1%}")
 
     def to_dict(self) -> dict:
@@ -150,8 +186,8 @@ class HostSpread:
 @dataclass(frozen=True)
 class CardSpread:
     """How far a card's hosts scatter around a profile's price: the standard deviation of a run's log factor about
-    the mean of its profile's runs of its mix, pooled over the profiles measured on the card (``pooled``), and its
-    degrees of freedom."""
+    the mean of its profile's runs of its mix and scheduler, pooled over the profiles measured on the card
+    (``pooled``), and its degrees of freedom."""
 
     sd: float
     dof: int
@@ -164,12 +200,12 @@ class CardSpread:
         not independent draws of a card."""
         squares, runs, means, profiles, gpus = 0.0, 0, 0, 0, set()
         for spread in spreads:
-            by_mix = spread.by_mix()
-            for logs in by_mix.values():
+            groups = spread.groups()
+            for logs in groups.values():
                 mean = sum(logs) / len(logs)
                 squares += sum((x - mean) ** 2 for x in logs)
                 runs, means = runs + len(logs), means + 1
-            profiles += bool(by_mix)
+            profiles += bool(groups)
             gpus |= {run.host for run in spread.active}
         dof = len(gpus) - profiles
         return cls(math.sqrt(squares / (runs - means)), dof) if dof >= 2 and runs > means else None

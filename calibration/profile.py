@@ -184,10 +184,11 @@ class Profile:
         profile.hosts = hosts
         return profile
 
-    def host_margin(self, mix: str | None = None) -> float:
-        """How much slower than this profile a host of its card may run ``mix`` (``HostSpread.margin`` with the
-        card's spread, ``card_spread``; 0 where no host was measured against it)."""
-        return self.hosts.margin(mix, self.card_spread()) if self.hosts is not None else 0.0
+    def host_margin(self, mix: str | None = None, scheduler: str | None = None) -> float:
+        """How much slower than this profile a host of its card may run ``mix`` served by ``scheduler`` (its name
+        and token budget, e.g. "splitfuse-512"; ``HostSpread.margin`` with the card's spread, ``card_spread``; 0
+        where no host was measured against it)."""
+        return self.hosts.margin(mix, self.card_spread(), scheduler=scheduler) if self.hosts is not None else 0.0
 
     def card_spread(self) -> CardSpread | None:
         """Its card's hosts' spread, pooled over its own hosts and those of the shipped profiles of its card and

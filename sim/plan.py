@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.host_spread import scheduler_name
 from engine.policy import PolicyConfig
 from sim.capacity import SearchConfig, capacity_search, evaluate
 from sim.cluster import ClusterConfig
@@ -62,7 +63,8 @@ class PlanConfig:
     ``fit_resamples``: bootstrap refits of each profile's cost model. Checks run ``check_replications`` runs of
     ``check_requests_per_replica`` requests per replica (doubled up to 4x while undecided). ``host_margin``: plan
     for hosts whose passes run this share slower than the profile's (0.04: 4%), in the search and the checks alike
-    (``sim.costs.SlowerHost``); None: each profile's margin for the workload's ``mix`` (``margin``).
+    (``sim.costs.SlowerHost``); None: each profile's margin for the workload's ``mix`` and the candidate's
+    scheduler (``margin``).
     ``mix``: the named mix the workload draws (``sim.workload.mix_name``; None: none of them, any mix's runs count)."""
 
     target_rate: float
@@ -90,15 +92,18 @@ class PlanConfig:
             raise ValueError(f"--host-margin must be a share in [0, 1), e.g. 0.04 for hosts 4% slower, got "
                              f"{self.host_margin!r}")
 
-    def margin(self, profile: str) -> float:
-        """The share by which ``profile``'s replicas are planned slower: ``host_margin`` where given, else the
-        profile's ``host_margin`` for ``mix``: its slowest measured run of it, or the bound a new host of its card
-        stays under where larger (``calibration.host_spread``; any mix's runs where none of ``mix`` was measured; 0
-        where no host was)."""
+    def margin(self, profile: str, scheduler: str | None = None, token_budget: int | None = None) -> float:
+        """The share by which ``profile``'s replicas running ``scheduler`` at ``token_budget`` are planned slower:
+        ``host_margin`` where given, else the profile's ``host_margin`` for ``mix`` and that scheduler: its slowest
+        measured run of them, or the bound a new host of its card stays under where larger
+        (``calibration.host_spread``; the mix's runs of every scheduler where none of this one was measured, or no
+        scheduler is named; any mix's runs where none of ``mix`` was; 0 where no host was)."""
         if self.host_margin is not None:
             return self.host_margin
         margin = getattr(_cost(profile), "host_margin", None)
-        return margin(self.mix) if margin is not None else 0.0
+        if margin is None:
+            return 0.0
+        return margin(self.mix, scheduler_name(scheduler, token_budget) if scheduler else None)
 
 
 @dataclass
@@ -156,7 +161,7 @@ def replica_capacity(profile: str, scheduler: str, budget: int, workload: Worklo
                      plan: PlanConfig, parallel: dict, on_evaluation=None) -> ReplicaCapacity:
     """``ReplicaCapacity`` of one replica of ``profile`` running ``scheduler`` at ``budget``."""
     policy = PolicyConfig(scheduler=scheduler, token_budget=budget)
-    margin = plan.margin(profile)
+    margin = plan.margin(profile, scheduler, budget)
     cost = host_cost(profile, 1 + margin) if margin else profile  # a name travels light
     config = ClusterConfig(cost, replicas=1, policy=policy)
     answer = capacity_search(workload, config, sla, search, on_evaluation=on_evaluation, **parallel)
@@ -239,7 +244,7 @@ def fleets(capacities: list[ReplicaCapacity], plan: PlanConfig, prices) -> list[
         for counts, low, high in options:
             for balancer in plan.balancers:
                 out.append(Fleet(counts, scheduler, budget, balancer, usd_per_hour(counts, prices), low, high,
-                                 host_factors={p: 1 + plan.margin(p) for p in counts}))
+                                 host_factors={p: 1 + plan.margin(p, scheduler, budget) for p in counts}))
     return sorted(out, key=lambda f: (f.usd_per_hour, f.replicas))
 
 

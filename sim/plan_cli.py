@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from calibration.host_spread import scheduler_name
 from engine.policy import PolicyConfig, make_balancer, scheduler_class
 from sim.capacity import SearchConfig
 from sim.parallel_options import backend_options
@@ -116,7 +117,8 @@ def _run(rate, model, profiles, prices, schedulers, balancers, mixed, prompt_len
         options = {"rate": rate, "profiles": list(profiles), "schedulers": list(schedulers),
                    "balancers": list(balancers), "mixed": mixed, "host_margin": host_margin,
                    "host_mix": config.mix,
-                   "host_margins": {p: config.margin(p) for p in profiles}, "seed": seed,
+                   "host_margins": {p: {scheduler_name(*policy): config.margin(p, *policy) for policy in parsed}
+                                    for p in profiles}, "seed": seed,
                    "backend": backend}
         _write(Path(out), result, config, ranked, workload, sla, search, elapsed, options)
 
@@ -125,7 +127,8 @@ def _answer(result, config, search) -> str:
     pick = result.pick
     if pick is None:
         return f"no candidate fleet met the SLA at {config.target_rate:g} req/s after its checks"
-    hosts = f" on {_hosts(config, pick.counts)}" if any(config.margin(p) for p in pick.counts) else ""
+    policy = (pick.scheduler, pick.token_budget)
+    hosts = f" on {_hosts(config, pick.counts, policy)}" if any(config.margin(p, *policy) for p in pick.counts) else ""
     return (f"cheapest fleet meeting the SLA ({search.target:.0%} of requests) at {config.target_rate:g} req/s{hosts}: "
             f"{pick.name(result.prices)}, {pick.scheduler} at {pick.token_budget} tokens per pass, {pick.balancer}: "
             f"{pick.replicas} replicas (95% range {pick.replicas_low} to {pick.replicas_high}), "
@@ -158,18 +161,19 @@ def _write(out: Path, result, config, ranked, workload, sla, search, elapsed, op
     (out / "plan.json").write_text(json.dumps(summary, indent=1, default=str))
     rows = {"target rate": f"{config.target_rate:g} req/s", "SLA target": f"{search.target:.0%} of requests",
             "SLA": str(sla), "workload": f"prompt {workload.prompt}, output {workload.output}",
-            "hosts": _hosts(config, config.profiles),
+            "hosts": _hosts(config, config.profiles, (result.pick.scheduler, result.pick.token_budget)
+                            if result.pick else None),
             "answer": _answer(result, config, search), "_target": search.target}
     write_plan_report(out / "plan.html", result, config, ranked, pick_results, rows)
     click.echo(f"wrote {out}/plan.csv, {out}/plan.json, {out}/plan.html")
 
 
-def _hosts(config, profiles) -> str:
-    """Which hosts the plan is for, per profile: "hosts 4.2% slower than llama-2-7b-h200-bf16's (its measured
-    hosts of the long mix)"."""
+def _hosts(config, profiles, policy: tuple[str, int] | None = None) -> str:
+    """Which hosts the plan is for, per profile, running ``policy`` (scheduler, token budget; None: any):
+    "hosts 4.2% slower than llama-2-7b-h200-bf16's (its measured hosts of the long mix)"."""
     mix = f" of the {config.mix} mix" if config.mix else ""
     why = "as asked" if config.host_margin is not None else f"its measured hosts{mix}"
-    return ", ".join(f"hosts {config.margin(p):.1%} slower than {p}'s ({why})" for p in profiles)
+    return ", ".join(f"hosts {config.margin(p, *(policy or ())):.1%} slower than {p}'s ({why})" for p in profiles)
 
 
 def _scheduler(text: str) -> tuple[str, int]:

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.host_spread import HostSpread, MeasuredHost
+from calibration.host_spread import HostSpread, MeasuredHost, scheduler_name
 from calibration.serving import (
     HEAT_TAU_S,
     STEP_KNEE,
@@ -132,7 +132,7 @@ class Cell:
     @property
     def server(self) -> str:
         """The name of the server (one engine, or a fleet of them) that runs the cell."""
-        name = f"{self.scheduler}-{self.token_budget}"
+        name = scheduler_name(self.scheduler, self.token_budget)
         return name if self.replicas == 1 else f"{name}-x{self.replicas}"
 
 

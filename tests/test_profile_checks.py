@@ -219,6 +219,13 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
     assert spread.margin("long") == pytest.approx(0.05)  # host a's long run, not its mean over mixes
     assert spread.margin("short") == 0 and spread.margin("chat") == spread.margin() == pytest.approx(0.05)
     assert spread.margins() == pytest.approx({"long": 0.05, "short": 0.0})
+    # a scheduler's own runs of the mix where it has some, else the mix's worst
+    assert spread.margin("long", scheduler="prefill-first-4352") == 0
+    assert spread.margin("long", scheduler="splitfuse-512") == spread.margin("long", scheduler="splitfuse-768")
+    # a mix never measured: the scheduler's runs of every mix, else every run
+    assert spread.margin("chat", scheduler="prefill-first-4352") == 0 and spread.margin("chat", scheduler="x-1") > 0
+    assert spread.scheduler_margins() == pytest.approx({("long", "splitfuse-768"): 0.05,
+                                                        ("long", "prefill-first-4352"): 0.0})
     assert HostSpread(runs[2:]).margin() == 0  # every host keeps up with the profile
     profile = load_profile("llama-2-7b").with_hosts(spread)
     path = profile.save(tmp_path / "hosts.json")
@@ -228,7 +235,7 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
     assert again.with_serving(None).hosts is None and load_profile("llama-2-7b").with_hosts(None).host_margin() == 0
     result = CliRunner().invoke(profile_cmd, ["--check", str(path)])
     assert result.exit_code == 0 and "hosts: 2 measured" in result.output
-    assert "long 5.0%, short 0.0%; any other mix 5.0%" in result.output
+    assert "long 5.0% (splitfuse-768 5.0%, prefill-first-4352 0.0%), short 0.0%; any other mix 5.0%" in result.output
     good = {"host": "a", "scheduler": "splitfuse-768", "mix": "long", "measured_rps": 8, "simulated_rps": 8}
     for row, message in (({**good, "measured_rps": 0}, "measured_rps must be a positive"),
                          ({"host": "a", "measured_rps": 8}, r"runs\[0\] must be an object with host, scheduler"),
