@@ -629,7 +629,7 @@ def _measure(model, cells, out, engine_options, estimate, warmup_requests, clien
             f.flush()
 
         def rate_of(target, name: str, cell: Cell, served: ServedCost) -> float:
-            one = f"{cell.scheduler}-{cell.token_budget}"
+            one = scheduler_name(cell.scheduler, cell.token_budget)
             if cell.mix not in saturation.get(name, {}):
                 if cell.replicas > 1 and cell.mix in saturation.get(one, {}):
                     saturation.setdefault(name, {})[cell.mix] = cell.replicas * saturation[one][cell.mix]
