@@ -794,7 +794,7 @@ def fit_step_knee(passes, serving: ServingModel, knee: float = STEP_KNEE,
 
 
 def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None = None,
-                    min_count: int = 10) -> tuple[dict[str, float], dict[str, float], dict]:
+                    min_count: int = 10, attention: bool = True) -> tuple[dict[str, float], dict[str, float], dict]:
     """({path: attention scale}, {path: heat growth}, fit summary) of ``paths`` (default every one ``passes``
     hold), each the median over the hosts that show it, as ``fit_serving`` fits them (``_attention_scales``, then
     ``_heat_slope`` on the served / priced step with that attention): for a section whose paths were fitted on
@@ -803,16 +803,19 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
     little heat, and take the growth their base path's hosts show (``PREFILL_PATHS``, as sections before versions
     10 and 12 priced them), and its attention scale too: the same graph's kernels, in a few passes a run that
     cannot separate attention's share from noise. The levels are then ``fit_path_levels``'s, at the new growth.
-    Passes as ``_level_passes`` keeps."""
+    Without ``attention`` the section's attention scales are kept and only the heat growth is fitted, at them: for
+    runs whose hosts disagree on attention, or whose prompts span few prefixes (whole prompts, as decode-first
+    runs them). Passes as ``_level_passes`` keeps."""
     passes = _level_passes(passes, paths)
     if passes.empty:  # (an empty frame's columns lose their number types)
         raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
     passes = passes.assign(pass_s=passes["pass_s"] + _knee_saved(passes, serving))  # as priced before the knee
-    attention = {**{p: serving.attention_scale[p] for p in passes["path"].unique()},
-                 **_attention_scales(passes, min_count)}
-    inherited = {alone for alone, base in PREFILL_PATHS.items() if alone in attention and base in attention}
-    attention.update({alone: attention[PREFILL_PATHS[alone]] for alone in inherited})
-    model_s = _swept_steps(passes, attention) * _bucket_factors(passes, serving)
+    scales = {**{p: serving.attention_scale[p] for p in passes["path"].unique()},
+              **(_attention_scales(passes, min_count) if attention else {})}
+    inherited = {alone for alone, base in PREFILL_PATHS.items() if alone in scales and base in scales} \
+        if attention else set()
+    scales.update({alone: scales[PREFILL_PATHS[alone]] for alone in inherited})
+    model_s = _swept_steps(passes, scales) * _bucket_factors(passes, serving)
     rows = _finite_rows(passes.assign(ratio=passes["pass_s"] / model_s), "ratio", "heat")
     shown, fit = {}, {}
     for path, part in rows.groupby("path"):
@@ -820,7 +823,8 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
                   for host, g in part.groupby("host") if len(g) >= min_count}
         shown[path] = [s for s in slopes.values() if s is not None]
         fit[path] = {"n": int(len(part)), "heat_hosts": len(shown[path]), "heat_before": serving.heat_scale[path],
-                     "attention_before": serving.attention_scale[path], "host_heat": slopes}
+                     "attention_before": serving.attention_scale[path], "host_heat": slopes,
+                     **({} if attention else {"attention_kept": True})}
     if not fit:
         raise ValueError(f"no path has {min_count} passes on a host to fit its growth on")
     heat = {path: float(np.median(shown[path])) for path in fit if shown[path]}
@@ -831,7 +835,7 @@ def fit_path_growth(passes, serving: ServingModel, paths: Sequence[str] | None =
             fit[path]["heat_from"] = base
     for path in fit.keys() & inherited:
         fit[path]["attention_from"] = PREFILL_PATHS[path]
-    return {p: attention[p] for p in fit}, heat, fit
+    return {p: scales[p] for p in fit}, heat, fit
 
 
 def _line(x, y, name: str) -> tuple[float, float, dict]:

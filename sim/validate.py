@@ -1287,10 +1287,12 @@ def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, s
 
 
 def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str], paths: tuple[str, ...] = (),
-                     growth: bool = False, per_sample: bool = False, samplers: dict[Path, str] | None = None):
+                     growth: bool = False, per_sample: bool = False, samplers: dict[Path, str] | None = None,
+                     attention: bool = True):
     """``profile`` with its serving paths' levels at the median host of the ``measured`` runs' warm-up and overload
     passes (``calibration.serving.fit_path_levels``; ``paths``: those to fit, default every one served), with
-    ``growth`` their heat growth and prompt-attention scale first (``fit_path_growth``), with ``per_sample`` the
+    ``growth`` their heat growth and prompt-attention scale first (``fit_path_growth``; without ``attention`` the
+    growth alone, the section's attention scales kept), with ``per_sample`` the
     served step's work per sampled entry (``fit_step_per_sample``, after the growth), either on the cells' passes
     too, and those runs' hosts recorded again, since the levels move their simulated rates. A run of today's
     sampler has the section's ``sampler_saved`` put back on its steps (``serving_measurements``; ``samplers``: its
@@ -1306,8 +1308,8 @@ def with_path_levels(profile, measured: tuple[Path, ...], hosts: dict[Path, str]
                                               heat_tau_s=profile.serving.heat_tau_s,
                                               sampler_saved=profile.serving.sampler_saved_seconds,
                                               sampler=(samplers or {}).get(directory))[0]]
-    serving = profile.serving.with_path_growth(*fit_path_growth(passes, profile.serving, paths)) if growth \
-        else profile.serving
+    serving = profile.serving.with_path_growth(*fit_path_growth(passes, profile.serving, paths,
+                                                                attention=attention)) if growth else profile.serving
     if per_sample:
         serving = serving.with_step_per_sample(*fit_step_per_sample(passes, serving, paths))
     levels, fit = fit_path_levels(passes, serving, paths)
@@ -1530,6 +1532,10 @@ def _command():
                        "over prefixes (each the median over the hosts whose passes show it, the cells' passes "
                        "included: judge the result on other runs), then their levels at it: for a section fitted "
                        "on hosts that could not show them.")
+    @click.option("--keep-attention", is_flag=True,
+                  help="With --level-growth, fit the paths' heat growth alone, keeping the section's prompt-"
+                       "attention scales: for runs whose hosts disagree on attention, or whose prompts span few "
+                       "prefixes (decode-first runs whole prompts).")
     @click.option("--level-per-sample", is_flag=True,
                   help="With --fit-levels, first fit the served step's work per sampled entry beyond the sweep's "
                        "price (the median over hosts, the cells' passes included: judge the result on other runs), "
@@ -1588,8 +1594,8 @@ def _command():
                  num_requests, cell_seconds, workload_seed, repeats, warmup, client_processes, server_cpus,
                  client_cpus, time_budget, out,
                  measured, host_labels, sampler_labels, fit_serving, fit_noise, fit_levels, level_paths,
-                 level_growth, level_per_sample, fit_step_knee, step_knee, fit_greedy, greedy_cells, fit_loop,
-                 loop_cells, fit_buckets, record_hosts,
+                 level_growth, keep_attention, level_per_sample, fit_step_knee, step_knee, fit_greedy, greedy_cells,
+                 fit_loop, loop_cells, fit_buckets, record_hosts,
                  exclude_first_requests,
                  host_margin, host_from_overload, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
@@ -1631,6 +1637,8 @@ def _command():
                             ("--level-per-sample", level_per_sample)):
             if given and not fit_levels:
                 raise click.UsageError(f"{flag} is for --fit-levels; give --fit-levels FILE")
+        if keep_attention and not level_growth:
+            raise click.UsageError("--keep-attention is for --level-growth; give --fit-levels FILE --level-growth")
         if loop_cells and not fit_loop:
             raise click.UsageError("--loop-cells is for --fit-loop; give --fit-loop FILE")
         if greedy_cells and not fit_greedy:
@@ -1694,7 +1702,7 @@ def _command():
         if fit_levels:
             try:
                 cost = with_path_levels(cost, measured, hosts, level_paths, level_growth, level_per_sample,
-                                        samplers)
+                                        samplers, attention=not keep_attention)
             except ValueError as e:
                 raise click.ClickException(f"--fit-levels: {e}") from None
             cost = saved(cost, fit_levels)

@@ -452,6 +452,36 @@ def test_a_paths_growth_is_the_median_hosts_and_its_level_follows():
         fit_path_growth(passes, section, ["eager"])
 
 
+def test_a_paths_heat_growth_alone_keeps_the_sections_attention():
+    """Without attention, the growth fit keeps the section's attention scales (the path's and its prompts alone's,
+    which then do not take their base path's) and reads the heat growth at them: three hosts served mixed passes at
+    (0.9 + 0.08 x heat) x (1 + 0.3 x attention's share), the share drawn apart from the heat, so the growth is the
+    same either way and the attention fitted only where asked for."""
+    rng = np.random.default_rng(5)
+    section = ServingModel(path_scale={"mixed-graph": 0.9, "mixed-prefill": 0.9},
+                           attention_scale={"mixed-graph": 0.1, "mixed-prefill": 0.05})
+
+    def host(name: str, n: int) -> dict:
+        heat, share = rng.uniform(0, 1, n), rng.uniform(0, 0.2, n)
+        served = 0.02 * (0.9 + 0.08 * heat) * (1 + 0.3 * share) * (1 + rng.normal(0, 0.002, n))
+        return {"path": ["mixed-graph"] * n, "model_s": np.full(n, 0.02), "attention_s": 0.02 * share,
+                "heat": heat, "host": [name] * n, "pass_s": served, "num_samples": np.full(n, 8),
+                "prefill_tokens": np.full(n, 512)}
+
+    alone = {"path": ["mixed-prefill"] * 50, "model_s": np.full(50, 0.01), "attention_s": np.zeros(50),
+             "heat": rng.uniform(0, 0.05, 50), "host": ["a"] * 50, "pass_s": np.full(50, 0.0091),
+             "num_samples": np.full(50, 1), "prefill_tokens": np.full(50, 512)}
+    passes = joined(host("a", 300), host("b", 300), host("c", 300), alone)
+    kept, heat, fit = fit_path_growth(passes, section, attention=False)
+    assert kept == {"mixed-graph": 0.1, "mixed-prefill": 0.05}
+    assert heat["mixed-graph"] == pytest.approx(0.08, abs=0.015) and heat["mixed-prefill"] == heat["mixed-graph"]
+    assert fit["mixed-graph"]["attention_kept"] and "attention_from" not in fit["mixed-prefill"]
+    fitted, heat_with, fit_with = fit_path_growth(passes, section)
+    assert fitted["mixed-graph"] == pytest.approx(0.3, abs=0.03) and fitted["mixed-prefill"] == fitted["mixed-graph"]
+    assert heat_with["mixed-graph"] == pytest.approx(heat["mixed-graph"], abs=0.015)
+    assert "attention_kept" not in fit_with["mixed-graph"]
+
+
 def test_attention_on_a_cool_card_with_passes_timed_apart_from_their_work():
     """Ten to twenty passes a host on a cool card (heat 0-0.05), served at (0.93 + 0.1 x heat) x (1 + 0.3 x share),
     and on each a pass that ended before its GPU work and the one that took the rest (ratios 0.13 and 2.6, as an

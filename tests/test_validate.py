@@ -882,6 +882,11 @@ def test_fit_levels_moves_a_paths_level_to_the_runs_median_host(run, cpu_profile
                                            str(tmp_path / "f"), "--level-growth"])
     assert result.exit_code == 2 and "--level-growth is for --fit-levels" in result.output
     result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
+                                           str(tmp_path / "k"), "--fit-levels", str(tmp_path / "k.json"),
+                                           "--keep-attention"])
+    assert result.exit_code == 2 and "--keep-attention is for --level-growth" in result.output
+    assert not (tmp_path / "k.json").exists()
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(cpu_profile), "--out",
                                            str(tmp_path / "h"), "--level-per-sample"])
     assert result.exit_code == 2 and "--level-per-sample is for --fit-levels" in result.output
 
@@ -909,6 +914,14 @@ def test_level_growth_fits_a_paths_heat_and_attention_on_the_cells_too(run, tmp_
     assert list(grown.serving.fit["growth"]) == [path] == list(grown.serving.fit["levels"])
     assert {p: v for p, v in grown.serving.heat_scale.items() if p != path} == \
         {p: v for p, v in served.serving.heat_scale.items() if p != path}
+    kept_file = tmp_path / "kept.json"
+    result = CliRunner().invoke(validate, ["--from", str(out), "--profile", str(out / "served.json"), "--out",
+                                           str(tmp_path / "kept"), "--fit-levels", str(kept_file), "--level-path",
+                                           path, "--level-growth", "--keep-attention"])
+    assert result.exit_code == 0, result.output
+    kept = load_profile(kept_file)
+    assert kept.serving.attention_scale == served.serving.attention_scale
+    assert kept.serving.fit["growth"][path]["attention_kept"]
 
 
 def test_a_pass_the_trace_names_as_discarding_a_step_is_no_level(run, tmp_path):
