@@ -1246,9 +1246,12 @@ def overload_path_factors(directory: Path, cost: CostModel,
     VALIDATION.md``, twenty-third and twenty-ninth rounds). A greedy run's passes count at their greedy prices
     (``cell_passes``), decode steps enqueued ahead too: they are 69-98% of a greedy cell's decode steps, while an
     overload run holds only about 140 not ahead of up to that batch, which misread a card by up to 5% (forty-second
-    round). An engine that ran mixed graph passes (splitfuse) takes their factor for its decode steps too: its
-    overload run steps decodes alone only while the first batch fills and the last drains, where they misread the
-    card by up to 4%, and its mixed passes run all through."""
+    round). An engine whose passes with decodes and prompts ran mostly as mixed graphs (splitfuse at budgets up to
+    the graphs' tokens) takes their factor for its decode steps too: its overload run steps decodes alone only while
+    the first batch fills and the last drains, where they misread the card by up to 4%, and its mixed passes run all
+    through. Where such passes ran mostly eager (budgets over the graphs' tokens), its mixed graphs are the few
+    remainders of prompts, hot beside many decodes, which read the card slower than its decode steps (fifty-eighth
+    round); its decode steps keep their own factor."""
     _, runs, traces = load_measured(directory, "calibration")
     served, predicted, count = {}, {}, {}  # (engine, path) -> sums
     engines = 0
@@ -1265,11 +1268,20 @@ def overload_path_factors(directory: Path, cost: CostModel,
                 predicted[key] = predicted.get(key, 0.0) + row["predicted_s"]
                 count[key] = count.get(key, 0) + 1
     mean = mean_noise_factor(cost)  # a simulated pass takes its median times the spread's mean: the host's excess
-    factors = [{path: served[e, path] / (mean * predicted[e, path]) for e, path in sorted(served)
-                if e == engine and count[e, path] >= MIN_PATH_PASSES} for engine in range(engines)]
-    for paths in factors:
-        if "mixed-graph" in paths and "decode-graph" in paths:
-            paths["decode-graph"] = paths["mixed-graph"]
+    return [decode_steps_as_mixed({path: served[e, path] / (mean * predicted[e, path]) for e, path in sorted(served)
+                                   if e == engine and count[e, path] >= MIN_PATH_PASSES},
+                                  {path: n for (e, path), n in count.items() if e == engine})
+            for engine in range(engines)]
+
+
+def decode_steps_as_mixed(factors: Mapping[str, float], counts: Mapping[str, int]) -> dict[str, float]:
+    """An engine's path ``factors`` with its decode steps' factor taken from its mixed graphs where ``counts`` (its
+    passes per path) show that its passes with prompts beside decodes ran mostly as mixed graphs, not eager
+    (``overload_path_factors``)."""
+    factors = dict(factors)
+    if ("mixed-graph" in factors and "decode-graph" in factors
+            and counts.get("mixed-graph", 0) >= counts.get("eager", 0)):
+        factors["decode-graph"] = factors["mixed-graph"]
     return factors
 
 

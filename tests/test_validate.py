@@ -34,6 +34,7 @@ from sim.validate import (  # noqa: E402
     Server,
     cell_passes,
     cell_prompts,
+    decode_steps_as_mixed,
     engine_costs,
     fill_decode_max_context,
     greedy_ratios,
@@ -419,6 +420,18 @@ def test_a_run_compares_on_its_own_host_from_its_overload_passes(run, tmp_path):
                 "--host-from-overload", *extra]
         result = CliRunner().invoke(validate, args)
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_decode_steps_take_the_mixed_factor_only_where_mixed_graphs_carried_the_prompts():
+    """Below the graphs' tokens a splitfuse engine's prompts run beside its decodes as mixed graphs all through an
+    overload run, and its decode steps take their factor; over them most such passes run eager, the mixed graphs are
+    a few hot remainders, and the decode steps keep their own."""
+    factors = {"decode-graph": 1.03, "mixed-graph": 1.07, "eager": 1.01}
+    assert decode_steps_as_mixed(factors, {"decode-graph": 500, "mixed-graph": 900, "eager": 40}) == {
+        **factors, "decode-graph": 1.07}
+    assert decode_steps_as_mixed(factors, {"decode-graph": 500, "mixed-graph": 30, "eager": 350}) == factors
+    assert decode_steps_as_mixed({"decode-graph": 1.03}, {"decode-graph": 500}) == {"decode-graph": 1.03}
+    assert factors["decode-graph"] == 1.03  # the caller's mapping is left as it was
 
 
 def test_a_repeated_grid_runs_round_after_round_on_fresh_prompt_tokens():
