@@ -126,7 +126,8 @@ def test_killed_engine_loses_no_request_silently_and_its_replica_comes_back(rout
     assert len(ok) + len(errors) == 48
 
     deadline = killed + RESTART_BUDGET_S
-    while not (state := replicas(router)[1])["healthy"]:
+    # healthy and restarted: on a loaded machine the router may not yet have seen the kill when the load ends
+    while not ((state := replicas(router)[1])["healthy"] and state["restarts"] >= 1):
         assert time.monotonic() < deadline, f"the replica is not back after {RESTART_BUDGET_S} s: {state}"
         time.sleep(0.2)
     assert state["restarts"] == 1 and not state["dead"] and replica_process(router, victim).pid != old
