@@ -50,7 +50,8 @@ def models_agreement(offsets: pd.DataFrame) -> pd.DataFrame:
 
 def held_out(profiles) -> pd.DataFrame:
     """Each GPU left out in turn: one row per active run of it, with the margin (``HostSpread.margin``) the other
-    GPUs' runs set for its profile and mix, with their card's spread pooled without it. ``profiles``: one card's
+    GPUs' runs set for its profile and mix, with their card's spread pooled without it, and the typical host's
+    excess they read (``HostSpread.typical``, less 1). ``profiles``: one card's
     measured profiles with hosts. A run whose profile has no other run of its mix is not judged."""
     rows = []
     for gpu in sorted({run.host for p in profiles for run in p.hosts.active}):
@@ -63,8 +64,17 @@ def held_out(profiles) -> pd.DataFrame:
                 if others is not None and run.mix in others.by_mix():
                     rows.append({"host": gpu, "profile": p.meta.get("model"), "mix": run.mix,
                                  "excess": run.factor - 1,
-                                 "margin": others.margin(run.mix, card, scheduler=run.scheduler)})
-    return pd.DataFrame(rows, columns=["host", "profile", "mix", "excess", "margin"])
+                                 "margin": others.margin(run.mix, card, scheduler=run.scheduler),
+                                 "typical": others.typical(run.mix, run.scheduler) - 1})
+    return pd.DataFrame(rows, columns=["host", "profile", "mix", "excess", "margin", "typical"])
+
+
+def typical_error(judged: pd.DataFrame) -> tuple[float, float]:
+    """(mean |log factor| of the held-out runs on the profile as swept, the same once each is divided by the
+    typical factor the other GPUs read): how far a capacity estimate sits from a new host before and after it is
+    centred on the measured ones."""
+    excess, typical = np.log1p(judged["excess"]), np.log1p(judged["typical"])
+    return float(excess.abs().mean()), float((excess - typical).abs().mean())
 
 
 def _markdown(table: pd.DataFrame) -> str:
@@ -99,6 +109,9 @@ def main() -> None:
             edge = f"the closest {low:.2%} under it" if low >= 0 else f"the worst {-low:.2%} over it"
             click.echo(f"each GPU left out: {(slack >= 0).sum()} of {len(judged)} of its runs within the margin the "
                        f"other GPUs set ({edge})")
+            swept, centred = typical_error(judged)
+            click.echo(f"its runs' capacity off the profile, mean |log factor|: {swept:.2%} as swept, {centred:.2%} "
+                       f"on the typical host the other GPUs read")
         spread = CardSpread.pooled([p.hosts for p in mine])
         runs = len(part) - part.groupby(["profile", "mix", "scheduler"]).ngroups
         gpus, models = part["host"].nunique(), part["profile"].nunique()

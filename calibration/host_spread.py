@@ -115,13 +115,23 @@ class HostSpread:
             logs.setdefault(run.mix, []).append(math.log(run.factor))
         return logs
 
-    def groups(self) -> dict[tuple[str, str], list[float]]:
+    def groups(self, without: str | None = None) -> dict[tuple[str, str], list[float]]:
         """{(mix, scheduler): the active runs' log factors}, in the order first named: the runs one price error
-        is shared by, about whose mean a host's offset is read."""
+        is shared by, about whose mean a host's offset is read; ``without``: that host's runs left out."""
         logs: dict[tuple[str, str], list[float]] = {}
         for run in self.active:
-            logs.setdefault((run.mix, run.scheduler), []).append(math.log(run.factor))
+            if run.host != without:
+                logs.setdefault((run.mix, run.scheduler), []).append(math.log(run.factor))
         return logs
+
+    def _logs(self, mix: str | None, scheduler: str | None, without: str | None = None) -> list[float]:
+        """The active runs' log factors a host of ``mix`` served by ``scheduler`` is judged by: those of both, else
+        of ``mix`` under every scheduler, else of ``scheduler`` in every mix, else every run; ``without``: leave that
+        host's runs out."""
+        groups = self.groups(without)
+        of_mix = [x for (name, _), logs in groups.items() if name == mix for x in logs]
+        of_scheduler = [x for (_, name), logs in groups.items() if name == scheduler for x in logs]
+        return groups.get((mix, scheduler)) or of_mix or of_scheduler or [x for logs in groups.values() for x in logs]
 
     def margin(self, mix: str | None = None, card: CardSpread | None = None,
                quantile: float = HOST_QUANTILE, scheduler: str | None = None) -> float:
@@ -130,14 +140,18 @@ class HostSpread:
         host's where that is larger (0 where every run kept up, or every run is retired). Where no active run is of
         both (or one is not named): over the runs of ``mix`` of every scheduler, else of ``scheduler`` in every mix,
         else over every run."""
-        groups = self.groups()
-        of_scheduler = [x for (_, name), logs in groups.items() if name == scheduler for x in logs]
-        logs = (groups.get((mix, scheduler)) or self.by_mix().get(mix) or of_scheduler
-                or [x for group in groups.values() for x in group])
+        logs = self._logs(mix, scheduler)
         if not logs:
             return 0.0
         bound = card.bound(logs, quantile) if card is not None else 1.0
         return max(0.0, max(math.exp(max(logs)), bound) - 1)
+
+    def typical(self, mix: str | None = None, scheduler: str | None = None, without: str | None = None) -> float:
+        """The pass-time factor of a typical host on ``mix`` served by ``scheduler``: the geometric mean of the
+        runs ``margin`` reads (1 where none is active); ``without``: leave that host's runs out, to judge a
+        measured host by the others."""
+        logs = self._logs(mix, scheduler, without)
+        return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
     def margins(self, card: CardSpread | None = None) -> dict[str, float]:
         """{mix: ``margin(mix, card)``} for each mix the active runs name, in the order first named."""

@@ -190,6 +190,12 @@ class Profile:
         where no host was measured against it)."""
         return self.hosts.margin(mix, self.card_spread(), scheduler=scheduler) if self.hosts is not None else 0.0
 
+    def host_typical(self, mix: str | None = None, scheduler: str | None = None, without: str | None = None) -> float:
+        """The pass-time factor of a typical host of its card on ``mix`` served by ``scheduler``: the geometric mean
+        of the measured runs ``host_margin`` reads (``HostSpread.typical``; 1 where no host was measured against
+        it); ``without``: that host's runs left out."""
+        return self.hosts.typical(mix, scheduler, without) if self.hosts is not None else 1.0
+
     def card_spread(self) -> CardSpread | None:
         """Its card's hosts' spread, pooled over its own hosts and those of the shipped profiles of its card and
         other models."""

@@ -146,6 +146,17 @@ class SlowerHost:
         return factor * self.cost.predict(features, *heat)
 
 
+def typical_host(cost: CostModel, mix: str | None, scheduler: str | None, without: str | None = None) -> SlowerHost:
+    """``cost`` on the typical measured host of its card for ``mix`` served by ``scheduler`` (e.g.
+    "splitfuse-2048"): each pass ``Profile.host_typical`` times its price, the geometric mean of the overload runs
+    its hosts section records (``without``: that host's runs left out, to judge it by the others)."""
+    hosts = getattr(cost, "hosts", None)
+    if hosts is None or not hosts.active:
+        raise ValueError("a typical host needs a measured profile whose hosts section holds active runs "
+                         "(splitfuse validate --record-hosts)")
+    return SlowerHost(cost, cost.host_typical(mix, scheduler, without))
+
+
 def builtin_llama_2_7b() -> LinearCost:
     """Llama-2-7B fp16 on one 80 GB H100, from public roofline figures, NOT measured by this project: weights
     read ~5 ms plus host ~3 ms per pass, ~30 us per token of matmuls, KV reads of 0.5 MB per context token at

@@ -64,7 +64,7 @@ from engine.policy import PassFeatures, PolicyConfig, scheduler_class
 from engine.policy.options import config_flags
 from sim.bench import MeasuredRun, Record, make_prompts, run_spread, to_result
 from sim.cluster import ClusterConfig, simulate
-from sim.costs import CostModel, SlowerHost, mean_noise_factor
+from sim.costs import CostModel, SlowerHost, mean_noise_factor, typical_host
 from sim.cpu_sets import affinity, format_cpu_list, parse_cpu_list
 from sim.host_facts import host_facts
 from sim.metrics import SLA, summarize
@@ -968,8 +968,9 @@ def with_greedy(profile, measured: tuple[Path, ...], hosts: dict[Path, str], cel
 
 
 def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None = None, sim_seeds: int = 1,
-            exclude_first: bool = False) -> dict:
-    """Simulate every measured cell of ``directory`` on ``cost`` (or a list, one per engine: ``engine_costs``); write
+            exclude_first: bool = False, cell_cost=None) -> dict:
+    """Simulate every measured cell of ``directory`` on ``cost`` (or a list, one per engine: ``engine_costs``;
+    ``cell_cost``: a function of the cell giving its own, e.g. the typical host of its mix); write
     ``validation.csv``, ``errors.csv``, ``passes.csv``, ``delivery.csv`` and ``report.html`` into ``out`` (default:
     ``directory``). ``sim_seeds`` > 1: also ``sim_seeds.csv``, the spread of the simulator's headline metrics over
     that many seeds.
@@ -984,9 +985,10 @@ def compare(directory: Path, cost: CostModel | list[CostModel], out: Path | None
     rows, passes_rows, delivery_rows, spread_rows, routed_rows = [], [], [], [], []
     simulations = {}  # a cell's repeats run the same requests: one simulation serves them all
     for name, m, info in cells:
+        of_cell = cell_cost(m.cell) if cell_cost else cost
         served = [ServedCost(c, info["kv_total_blocks"], info["max_model_len"])
-                  for c in engine_costs(cost, m.cell.replicas)]
-        served = served if isinstance(cost, (list, tuple)) else served[0]
+                  for c in engine_costs(of_cell, m.cell.replicas)]
+        served = served if isinstance(of_cell, (list, tuple)) else served[0]
         trace_passes, trace_requests = traces[name] or ([], None)
         first = first_requests(m.cell, processes) if exclude_first else 0
         once = (dataclasses.replace(m.cell, repeat=0), m.rate, info["kv_total_blocks"], info["max_model_len"])
@@ -1283,6 +1285,25 @@ def decode_steps_as_mixed(factors: Mapping[str, float], counts: Mapping[str, int
             and counts.get("mixed-graph", 0) >= counts.get("eager", 0)):
         factors["decode-graph"] = factors["mixed-graph"]
     return factors
+
+
+def typical_cells(cost, directory: Path, host: str | None = None, echo=None):
+    """A function of a cell of the run in ``directory`` giving ``cost`` on the typical host of its mix and scheduler
+    (``sim.costs.typical_host``), the run's own host (``run_host``) left out; ``echo`` is told each factor once."""
+    meta_file = directory / "meta.json"
+    own = run_host(json.loads(meta_file.read_text()) if meta_file.exists() else {}, directory, host)
+    seen = set()
+
+    def of_cell(cell: Cell):
+        key = (cell.mix, scheduler_name(cell.scheduler, cell.token_budget))
+        typical = typical_host(cost, *key, without=own)
+        if echo and key not in seen:
+            seen.add(key)
+            echo(f"{directory}: {key[0]} on {key[1]}, the typical host other than {own}: pass time x "
+                 f"{typical.factor:.4f}")
+        return typical
+
+    return of_cell
 
 
 def with_measured_hosts(profile, measured: tuple[Path, ...], hosts: dict[Path, str]):
@@ -1598,6 +1619,11 @@ def _command():
                        f"of up to {OVERLOAD_DECODE_MAX_SEQS} sequences), a fleet's engines each by their own; the "
                        "factors go to host_factors.json (a list, one per engine). Needs a measured profile; not "
                        "with --host-margin.")
+    @click.option("--host-typical", is_flag=True,
+                  help="Simulate each cell on the typical measured host of the profile's card for its mix and "
+                       "scheduler (the geometric mean of the overload runs its hosts section records, the run's "
+                       "own host left out: label it with --host-of as it was recorded). Not with --host-margin or "
+                       "--host-from-overload.")
     @click.option("--sim-seeds", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Also simulate each cell on this many seeds and write the spread (sim_seeds.csv).")
     @config_options(EngineConfig)
@@ -1609,7 +1635,7 @@ def _command():
                  level_growth, keep_attention, level_per_sample, fit_step_knee, step_knee, fit_greedy, greedy_cells,
                  fit_loop, loop_cells, fit_buckets, record_hosts,
                  exclude_first_requests,
-                 host_margin, host_from_overload, sim_seeds, **engine_options):
+                 host_margin, host_from_overload, host_typical, sim_seeds, **engine_options):
         """Run workloads on the real engine behind its server and through the simulator; compare them."""
         from calibration.profile import Profile
         from calibration.serving import fit_serving as fit
@@ -1645,6 +1671,11 @@ def _command():
             raise click.UsageError("--host-from-overload needs a measured profile (--profile NAME|FILE)")
         if host_from_overload and host_margin:
             raise click.UsageError("--host-from-overload measures each run's host; drop --host-margin")
+        if host_typical and (host_margin or host_from_overload):
+            raise click.UsageError("--host-typical picks each cell's host; drop --host-margin and --host-from-overload")
+        if host_typical and not (getattr(cost, "hosts", None) and cost.hosts.active):
+            raise click.UsageError("--host-typical needs a measured profile whose hosts section holds active runs "
+                                   "(--record-hosts)")
         for flag, given in (("--level-path", level_paths), ("--level-growth", level_growth),
                             ("--level-per-sample", level_per_sample)):
             if given and not fit_levels:
@@ -1779,7 +1810,8 @@ def _command():
                     card = f" engine {engine}" if len(factors) > 1 else ""
                     click.echo(f"{directory}: its host{card}, served / predicted loop time: "
                                + ", ".join(f"{path} {f:.3f}" for path, f in paths.items()))
-            compared = compare(directory, host, into, sim_seeds, exclude_first_requests)
+            cell_cost = typical_cells(cost, directory, hosts.get(directory), click.echo) if host_typical else None
+            compared = compare(directory, host, into, sim_seeds, exclude_first_requests, cell_cost)
             click.echo(f"cells within the bounds (errors.csv: in_bounds, misses): {_judged(compared['errors'])}")
             repeats = compared["repeats"]
             if repeats is not None:

@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -227,6 +228,12 @@ def test_measured_hosts_give_each_host_its_factor_and_the_slowest_its_margin(tmp
     assert spread.scheduler_margins() == pytest.approx({("long", "splitfuse-768"): 0.05,
                                                         ("long", "prefill-first-4352"): 0.0})
     assert HostSpread(runs[2:]).margin() == 0  # every host keeps up with the profile
+    # the typical host: the geometric mean of the runs the margin reads; a host left out judges it by the others
+    assert spread.typical("long", "splitfuse-768") == pytest.approx(1.05)
+    assert spread.typical("long") == pytest.approx((1.05 * 0.98) ** 0.5)
+    assert spread.typical("long", "splitfuse-768", without="a") == pytest.approx(0.98)
+    assert spread.typical("chat", "x-1", without="b") == pytest.approx(1.05 ** 0.5)
+    assert HostSpread(runs[2:]).typical("long", without="b") == 1.0  # no other host: the profile's own price
     profile = load_profile("llama-2-7b").with_hosts(spread)
     path = profile.save(tmp_path / "hosts.json")
     again = load_profile(path)
@@ -347,7 +354,7 @@ def test_host_offsets_show_a_gpus_runs_on_one_side_of_their_means():
     import pandas as pd
     from click.testing import CliRunner
 
-    from calibration.host_offsets import held_out, main, mixes_agreement, models_agreement, offset_frame
+    from calibration.host_offsets import held_out, main, mixes_agreement, models_agreement, offset_frame, typical_error
     from calibration.host_spread import CardSpread, HostSpread, MeasuredHost
 
     profiles = [load_profile(n) for n in ("llama-3-8b-h200-bf16", "llama-2-13b-h200-bf16")]
@@ -372,8 +379,15 @@ def test_host_offsets_show_a_gpus_runs_on_one_side_of_their_means():
         without_g4.margin("long", CardSpread.pooled([card[0].hosts, without_g4])))
     assert judged.loc[("g4", "b"), "excess"] == pytest.approx(0.3)
     assert judged.loc[("g4", "b"), "margin"] < 0.3  # a GPU far slower than the others is outside their margin
+    assert judged.loc[("g4", "b"), "typical"] == pytest.approx(0.0)  # g0's run alone, at the profile's price
+    assert judged.loc[("g1", "a"), "typical"] == pytest.approx((1.00 * 0.99 * 1.00) ** (1 / 3) - 1)
+    swept, centred = typical_error(judged)
+    excess = np.log1p(judged["excess"])
+    assert swept == pytest.approx(excess.abs().mean())
+    assert centred == pytest.approx((excess - np.log1p(judged["typical"])).abs().mean())
     result = CliRunner().invoke(main, [])
     assert result.exit_code == 0, result.output
     assert "runs within the margin the other GPUs set" in result.output
+    assert "on the typical host the other GPUs read" in result.output
     h200 = load_profile("llama-3-8b-h200-bf16").card_spread()
     assert f"{h200.sd:.2%}, {h200.dof} degrees of freedom" in result.output

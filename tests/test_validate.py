@@ -388,6 +388,34 @@ def test_a_host_margin_compares_on_a_slower_host(run, tmp_path):
     assert result.exit_code == 2 and "--host-margin" in result.output
 
 
+def test_a_run_compares_on_the_typical_host_of_the_others(run, tmp_path):
+    """``--host-typical`` prices each cell's passes at the typical factor the profile's recorded hosts show for its
+    mix and scheduler, the run's own host left out: with no other host the profile's price stands; labelled as
+    another host, the run's recorded factor moves the simulated rows and never the measured ones."""
+    out, _ = run
+    profile = load_profile(out / "served.json")
+    (recorded,) = profile.hosts.active
+    args = ["--from", str(out), "--profile", str(out / "served.json"), "--host-typical"]
+    result = CliRunner().invoke(validate, [*args, "--out", str(tmp_path / "alone")])
+    assert result.exit_code == 0, result.output
+    assert f"the typical host other than {recorded.host}: pass time x 1.0000" in result.output
+    original, alone = (pd.read_csv(d / "validation.csv") for d in (out, tmp_path / "alone"))
+    pd.testing.assert_frame_equal(original, alone)
+    result = CliRunner().invoke(validate, [*args, "--host-of", f"{out}=another", "--out", str(tmp_path / "typ")])
+    assert result.exit_code == 0, result.output
+    assert f"pass time x {recorded.factor:.4f}" in result.output and recorded.factor != pytest.approx(1, abs=1e-4)
+    typical = pd.read_csv(tmp_path / "typ" / "validation.csv")
+    for source in ("server", "client"):
+        assert (typical[typical.source == source].tpot_mean.values
+                == original[original.source == source].tpot_mean.values).all()
+    sim = {name: frame[frame.source == "sim"].e2e_mean.values for name, frame in (("typ", typical), ("", original))}
+    assert (sim["typ"] != sim[""]).all()
+    for extra, message in ((["--host-margin", "0.1"], "drop --host-margin"),
+                           (["--profile", "builtin-llama-2-7b"], "hosts section holds active runs")):
+        result = CliRunner().invoke(validate, [*args, "--out", str(tmp_path / "x"), *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
 def test_a_run_compares_on_its_own_host_from_its_overload_passes(run, tmp_path):
     """``--host-from-overload`` slows each serving path by what the run's overload passes show (outside every cell;
     decode steps alone only in batches up to a cap): the factors are written, the simulated rows move and the
