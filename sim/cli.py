@@ -6,6 +6,7 @@ so ``simulate(Workload(), ClusterConfig())`` is the run this command makes witho
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from sim.cluster import ClusterConfig
 from sim.parallel_options import backend_options
 from sim.router import SERVE_ROUTER
 from sim.sla_options import SLA_CONTEXT, sla_options
-from sim.workload import ARRIVALS, Workload
+from sim.workload import ARRIVALS, Workload, mix_name
 
 REPORTS = ("full", "light", "none")
 # Options that shape sampled workloads; a trace brings its own arrivals and lengths, so giving one is a mistake.
@@ -58,6 +59,10 @@ TRACE_IGNORES = ("rate", "load", "cv", "clients", "num_requests", "prompt_len", 
               help="With --replicas > 1: each request and token also takes the hop of the router that "
                    "`splitfuse serve --replicas N` runs (sim.router.SERVE_ROUTER, measured; it grows with the "
                    "streams open, so the run stays in one process).")
+@click.option("--host-typical", is_flag=True,
+              help="Run every replica on the typical measured card of the profile for the workload's mix and "
+                   "scheduler (the geometric mean of the overload runs its hosts section records, the runs "
+                   "`splitfuse plan`'s margin reads) instead of the swept one.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--replications", default=1, show_default=True, type=int,
               help="Independent runs (seeds seed..seed+R-1); prints 95% confidence intervals.")
@@ -101,13 +106,15 @@ def simulate(ctx: click.Context, **options):
 
 
 def _run(profile, replicas, arrivals, rate, load, cv, clients, max_concurrency, temperature, trace, num_requests,
-         prompt_len,
-         output_len, max_prompt_len, noise, serve_router, seed, replications, warmup, cooldown, sla_gen_rate,
-         sla_prompt_rate, cumulative_sla, goodput, rates, sweep, sla_target, max_requests_per_replica,
-         max_queue_growth, backend, processes, ray_address, out, report, token_times, progress, **policy_options):
+         prompt_len, output_len, max_prompt_len, noise, serve_router, host_typical, seed, replications, warmup,
+         cooldown, sla_gen_rate, sla_prompt_rate, cumulative_sla, goodput, rates, sweep, sla_target,
+         max_requests_per_replica, max_queue_growth, backend, processes, ray_address, out, report, token_times,
+         progress, **policy_options):
     options = {**locals(), **policy_options}
     del options["policy_options"]
+    from calibration.host_spread import scheduler_name
     from sim.cluster import simulate
+    from sim.costs import typical_host
     from sim.metrics import SLA, few_replications_warning, summarize, summary_table
     from sim.run_config import run_config
     from sim.saturation import estimate_capacity, with_rate
@@ -124,14 +131,17 @@ def _run(profile, replicas, arrivals, rate, load, cv, clients, max_concurrency, 
         if not out:
             raise ValueError("--token-times writes token_times.parquet into --out DIR; give --out")
         _require_parquet()
-    config = ClusterConfig(profile, replicas=replicas, policy=policy, noise=noise,
-                           router=SERVE_ROUTER if serve_router else None)
-    cost = config.costs()[0]
-    sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
-              goodput=goodput)
     workload = Workload(num_requests=num_requests, arrivals=arrivals, rate=rate, load=load, cv=cv, clients=clients,
                         max_concurrency=max_concurrency, temperature=temperature,
                         prompt=prompt_len, output=output_len, trace=trace, max_prompt_tokens=max_prompt_len)
+    config = ClusterConfig(profile, replicas=replicas, policy=policy, noise=noise,
+                           router=SERVE_ROUTER if serve_router else None)
+    if host_typical:
+        config = dataclasses.replace(config, cost=typical_host(
+            config.cost, mix_name(workload), scheduler_name(policy.scheduler, policy.max_num_batched_tokens)))
+    cost = config.costs()[0]
+    sla = SLA(prompt_tokens_per_s=sla_prompt_rate, generation_rate=sla_gen_rate, cumulative=cumulative_sla,
+              goodput=goodput)
     capacity = estimate_capacity(config, workload)
     workload = with_rate(workload, config)
     workload.validate()

@@ -127,6 +127,7 @@ class SlowerHost:
         if path_factors and not hasattr(cost, "scale_path"):
             raise ValueError("factors per path need a measured profile, whose passes know their serving path")
         self.cost, self.factor, self.path_factors = cost, float(factor), path_factors
+        self.source = getattr(cost, "source", None)
         self.block_size, self.num_kv_blocks = cost.block_size, cost.num_kv_blocks
         self.max_model_len = cost.max_model_len
         self.meta = {**cost.meta, "host_factor": self.factor, **({"host_path_factors": path_factors}

@@ -38,6 +38,8 @@ def run_config(config, workload: Workload | None, seeds, sla: SLA, warmup: float
                    else "none (an ideal balancer)"),
         "pass-time noise": "from the profile's measured spread" if config.noise else "off (median pass times)",
     }
+    if "host_factor" in m:
+        rows["host"] = f"passes {number(m['host_factor'])} x the profile's price"
     if workload is not None:
         rows.update(_workload_rows(workload, config))
         rows["sampling"] = f"temperature {number(workload.temperature)}" + (

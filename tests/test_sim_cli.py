@@ -60,3 +60,24 @@ def test_greedy_requests_say_how_they_are_priced(profile, says):
     assert says in result.output
     refused = CliRunner().invoke(simulate, ["-n", "100", "--temperature", "-1"])
     assert refused.exit_code == 2 and "--temperature must be >= 0" in refused.output
+
+
+def test_host_typical_runs_on_the_cards_recorded_hosts():
+    from calibration.profile import load_profile
+
+    args = ["-n", "50", "--replicas", "1", "--profile", "mistral-7b-h200-bf16", "--scheduler", "splitfuse",
+            "--token-budget", "2048"]
+    swept = CliRunner().invoke(simulate, args)
+    typical = CliRunner().invoke(simulate, [*args, "--host-typical"])
+    assert swept.exit_code == 0 and typical.exit_code == 0, swept.output + typical.output
+    factor = load_profile("mistral-7b-h200-bf16").host_typical("long", "splitfuse-2048")
+    assert factor > 1.01 and f"passes {factor:.4g} x the profile's price" in typical.output
+    assert "host:" not in swept.output
+
+    def capacity(output):
+        line = next(line for line in output.splitlines() if line.startswith("rate:"))
+        return float(line.split("estimated capacity ")[1].split()[0])
+
+    assert capacity(swept.output) / factor * 0.99 < capacity(typical.output) < capacity(swept.output)
+    refused = CliRunner().invoke(simulate, ["-n", "50", "--profile", "builtin-llama-2-7b", "--host-typical"])
+    assert refused.exit_code == 2 and "a typical host needs a measured profile" in refused.output
