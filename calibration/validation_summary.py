@@ -4,6 +4,11 @@
 
 prints, per grid, the simulator's relative error (%) against the client and the server for the headline metrics,
 and FastGen's headline from each ``*fastgen`` grid; with ``--plots`` writes PNGs of the same (plotly, kaleido).
+
+    python -m calibration.validation_summary --variants GRID [--variants GRID ...]
+
+prints instead how the given grids read under each pricing shipped beside them (``GRID-own-host``,
+``GRID-typical-host``, ...): the table of a round that judges several prices on the same runs.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from calibration.validation_results import compare, read_validation
+from calibration.validation_results import compare, read_validation, with_bounds
 
 HEADLINE = ("throughput_rps", "ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "e2e_mean", "e2e_p90")
 SHORT = {"throughput_rps": "req/s", "ttft_mean": "TTFT", "ttft_p90": "TTFT p90", "tpot_mean": "TPOT",
@@ -25,6 +30,36 @@ def error_table(results, grid: str, reference: str = "client"):
     errors = errors[errors.metric.isin(HEADLINE)]
     table = errors.pivot_table(index="cell", columns="metric", values="rel_error", sort=False) * 100
     return table[[m for m in HEADLINE if m in table.columns]].rename(columns=SHORT)
+
+
+def variant_table(results, grids, reference: str = "client"):
+    """How the runs of ``grids`` read under each pricing shipped beside them: a grid ``G`` as priced as shipped, and
+    ``G-<variant>`` (e.g. ``G-typical-host``) the same runs priced otherwise. One row per variant ("shipped" for
+    ``G`` itself), over every grid's cells: cells within every bound, mean |TPOT| and |TTFT| (%), and TPOT's range
+    (%): the variants every grid has. ValueError naming a grid that is missing or lacks the ``reference`` view."""
+    import pandas as pd
+
+    names = set(results.grid)
+    missing = [grid for grid in grids if grid not in names]
+    if missing:
+        raise ValueError(f"no grid named {', '.join(missing)} in the validation results")
+    variants = {grid: {name[len(grid):].lstrip("-") or "shipped" for name in names
+                       if name == grid or name.startswith(grid + "-")} for grid in grids}
+    shared = sorted(set.intersection(*variants.values()), key=lambda v: (v != "shipped", v))
+    rows = []
+    for variant in shared:
+        chosen = [grid if variant == "shipped" else f"{grid}-{variant}" for grid in grids]
+        errors = compare(results[results.grid.isin(chosen)], reference)
+        if errors.empty:
+            raise ValueError(f"the grids {', '.join(chosen)} have no {reference} view to judge")
+        judged = [c for c in ("load", "replicas") if c in errors.columns]  # what picks a cell's bounds
+        cells = errors.pivot_table(index=["grid", "cell"], columns="metric", values="rel_error", sort=False)
+        cells = with_bounds(cells.join(errors.groupby(["grid", "cell"])[judged].first()).reset_index())
+        tpot, ttft = cells.tpot_mean * 100, cells.ttft_mean * 100
+        rows.append({"pricing": variant, "cells in every bound": f"{cells.in_bounds.sum()} of {len(cells)}",
+                     "mean |TPOT| %": tpot.abs().mean(), "TPOT %": f"{tpot.min():+.1f}..{tpot.max():+.1f}",
+                     "mean |TTFT| %": ttft.abs().mean()})
+    return pd.DataFrame(rows)
 
 
 def fastgen_headline(results, grid: str = "h200-llama-2-7b-fastgen"):
@@ -83,9 +118,23 @@ def fastgen_figure(results, grid: str = "h200-llama-2-7b-fastgen"):
 @click.command()
 @click.option("--plots", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write one PNG per grid and the FastGen curves here.")
-def main(plots: Path | None) -> None:
+@click.option("--variants", "variant_grids", multiple=True, metavar="GRID",
+              help="Print only how these grids read under each pricing shipped beside them (GRID-own-host, ...), "
+                   "client and server; repeat for several grids.")
+def main(plots: Path | None, variant_grids: tuple[str, ...]) -> None:
     results = read_validation()
     results = results[results.kind == "measured"]
+    if variant_grids:
+        for reference in ("client", "server"):
+            try:
+                table = variant_table(results, list(variant_grids), reference)
+            except ValueError as e:
+                if reference == "server" and "no server view" in str(e):
+                    continue  # grids from before the server's pass trace
+                raise click.UsageError(str(e)) from None
+            click.echo(f"\n### {len(variant_grids)} grids by pricing: against the {reference}\n")
+            click.echo(table.to_markdown(index=False, floatfmt=".2f"))
+        return
     for grid in results.grid.unique():
         for reference in ("client", "server"):
             if not (results[results.grid == grid].source == reference).any():

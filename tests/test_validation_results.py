@@ -104,6 +104,33 @@ def test_error_table_gives_each_cells_headline_errors_in_percent(tmp_path):
     assert table.iloc[0].tolist() == pytest.approx([-20.0, 10.0, -20.0])
 
 
+def test_variant_table_judges_each_pricing_over_every_grids_cells(tmp_path):
+    """Two grids, each shipped and priced on a typical host: one row per pricing over both grids' cells, each cell
+    judged on every bound; a pricing only one grid has is left out; a missing grid or view is named."""
+    from calibration.validation_summary import variant_table
+
+    header = "source,scheduler,mix,load,ttft_mean,tpot_mean,throughput_rps\n"
+    measured = "client,splitfuse,long,0.5,0.100,0.0200,5\nclient,splitfuse,long,0.9,0.200,0.0300,9\n"
+
+    def grid(name, tpots):  # the simulator's TPOT at loads 0.5 and 0.9; TTFT and throughput exact
+        sims = "".join(f"sim,splitfuse,long,{load},{ttft},{tpot},{rate}\n"
+                       for load, ttft, tpot, rate in ((0.5, 0.100, tpots[0], 5), (0.9, 0.200, tpots[1], 9)))
+        return write(tmp_path, header + measured + sims, f"{name}.csv")
+
+    paths = [grid("a", (0.0190, 0.0270)), grid("a-typical-host", (0.0198, 0.0297)),
+             grid("b", (0.0200, 0.0285)), grid("b-typical-host", (0.0210, 0.0300)), grid("b-own-host", (0.02, 0.03))]
+    table = variant_table(read_validation(paths), ["a", "b"]).set_index("pricing")
+    assert list(table.index) == ["shipped", "typical-host"]
+    assert table.loc["shipped", "cells in every bound"] == "1 of 4"  # TPOT -5, -10, 0, -5%: a 3% bound
+    assert table.loc["typical-host", "cells in every bound"] == "3 of 4"  # b at 0.5 reads +5%
+    assert table.loc["shipped", "mean |TPOT| %"] == pytest.approx((5 + 10 + 0 + 5) / 4)
+    assert table.loc["typical-host", "TPOT %"] == "-1.0..+5.0"
+    with pytest.raises(ValueError, match="no grid named c"):
+        variant_table(read_validation(paths), ["a", "c"])
+    with pytest.raises(ValueError, match="no server view"):
+        variant_table(read_validation(paths), ["a", "b"], "server")
+
+
 def test_validation_md_states_the_fastgen_headline_the_shipped_grid_gives():
     from calibration.validation_results import VALIDATION_DIR
     from calibration.validation_summary import fastgen_headline
